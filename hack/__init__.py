@@ -1,0 +1,1 @@
+"""Developer tooling: build the Kubernetes control plane from source and run local clusters."""

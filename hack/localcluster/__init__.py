@@ -1,0 +1,34 @@
+"""Real local Kubernetes clusters (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+kwok) on loopback, used by the demo and by the integration tests alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .binaries import Binaries, BinariesMissing, ensure_built
+from .cluster import COMPONENTS, LocalCluster
+from .processes import ComponentFailed, PortBusy
+from .spec import ClusterSpec, NodeSpec, cluster_specs
+
+__all__ = [
+    "COMPONENTS",
+    "Binaries",
+    "BinariesMissing",
+    "ClusterSpec",
+    "ComponentFailed",
+    "LocalCluster",
+    "NodeSpec",
+    "PortBusy",
+    "cluster_specs",
+    "ensure_built",
+    "profile_clusters",
+]
+
+
+def profile_clusters(
+    profile: str, *, build: bool = True, progress: Callable[[str], None] = print
+) -> dict[str, LocalCluster]:
+    """The consumer and provider clusters of ``profile``, binaries built when missing."""
+    binaries = ensure_built(build=build)
+    del progress
+    return {name: LocalCluster(spec, binaries) for name, spec in cluster_specs(profile).items()}

@@ -1,0 +1,124 @@
+"""python -m hack.localcluster {up,down,status,env,restart} — local clusters for the demo and tests."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .binaries import BinariesMissing, ensure_built
+from .cluster import COMPONENTS, LocalCluster
+from .processes import ComponentFailed, PortBusy
+from .spec import PROFILE_PORT_BASES, cluster_specs
+
+
+def _clusters(args: argparse.Namespace, *, build: bool) -> list[LocalCluster]:
+    binaries = ensure_built(build=build)
+    specs = cluster_specs(args.profile)
+    names = list(specs) if args.cluster == "all" else [args.cluster]
+    return [LocalCluster(specs[n], binaries) for n in names]
+
+
+def _progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+    for cluster in _clusters(args, build=True):
+        cluster.up(progress=_progress)
+    _progress(f"clusters up in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    for cluster in _clusters(args, build=False):
+        stopped = cluster.down(keep_state=args.keep_state)
+        what = ", ".join(stopped) if stopped else "nothing was running"
+        _progress(f"{cluster.spec.name}: stopped {what}" + ("" if args.keep_state else "; state removed"))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rows = []
+    unhealthy = False
+    for cluster in _clusters(args, build=False):
+        for st in cluster.status():
+            rows.append(
+                {
+                    "cluster": cluster.spec.name,
+                    "component": st.name,
+                    "running": st.running,
+                    "pid": st.pid,
+                    "log": str(st.log),
+                }
+            )
+        for failure in cluster.crashed():
+            unhealthy = True
+            print(f"{cluster.spec.name}: {failure}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("cluster", "component", "state", "pid", "log")
+        for r in rows:
+            state = "[green]running[/]" if r["running"] else "[red]stopped[/]"
+            table.add_row(r["cluster"], r["component"], state, str(r["pid"] or "-"), r["log"])
+        Console().print(table)
+    return 1 if unhealthy else 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    for cluster in _clusters(args, build=False):
+        var = f"GPUFERRY_{cluster.spec.name.upper()}_KUBECONFIG"
+        print(f"export {var}={cluster.spec.kubeconfig}")
+    return 0
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    for cluster in _clusters(args, build=False):
+        cluster.restart(args.component)
+        _progress(f"{cluster.spec.name}: {args.component} restarted")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hack.localcluster",
+        description="Real local Kubernetes clusters (etcd, kube-apiserver, kube-controller-manager, "
+        "kube-scheduler, kwok) on loopback, built from source by hack/build-k8s.sh.",
+    )
+    parser.add_argument(
+        "--profile", default="demo", choices=sorted(PROFILE_PORT_BASES),
+        help="port range and run folder: 'demo' for people, 'test' for the test suite (default: demo)",
+    )
+    parser.add_argument(
+        "--cluster", default="all", choices=["all", "consumer", "provider"],
+        help="which cluster to act on (default: both)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="build what is missing, start what is not running, create the nodes")
+    down = sub.add_parser("down", help="stop every process and remove the clusters' state")
+    down.add_argument("--keep-state", action="store_true", help="keep etcd data, certificates and logs")
+    status = sub.add_parser("status", help="which components run; exits 1 when one has crashed")
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    sub.add_parser("env", help="print export lines with each cluster's admin kubeconfig")
+    restart = sub.add_parser("restart", help="restart one component")
+    restart.add_argument("component", choices=COMPONENTS)
+    args = parser.parse_args(argv)
+    handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env, "restart": cmd_restart}
+    try:
+        return handlers[args.command](args)
+    except (ComponentFailed, PortBusy, BinariesMissing) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; run 'down' to stop what was started", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

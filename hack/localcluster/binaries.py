@@ -1,0 +1,71 @@
+"""Where hack/build-k8s.sh puts the binaries, and building them when they are missing."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import cache_dir
+
+HACK_DIR = Path(__file__).resolve().parent.parent
+
+
+class BinariesMissing(RuntimeError):
+    """The control-plane binaries are not built (run hack/build-k8s.sh)."""
+
+
+def versions() -> dict[str, str]:
+    """The pins in hack/versions.env."""
+    pins: dict[str, str] = {}
+    for line in (HACK_DIR / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            pins[key.strip()] = value.strip()
+    return pins
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of every binary a local cluster runs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+    kubectl: Path
+    kwok: Path
+    kwok_stages: Path
+    helm: Path
+
+    @classmethod
+    def locate(cls, cache: Path | None = None) -> Binaries:
+        pins = versions()
+        root = cache or cache_dir()
+        k8s = root / f"k8s-{pins['K8S_VERSION']}"
+        kwok = root / f"kwok-{pins['KWOK_VERSION']}"
+        return cls(
+            etcd=root / f"etcd-{pins['ETCD_VERSION']}" / "bin" / "etcd",
+            kube_apiserver=k8s / "bin" / "kube-apiserver",
+            kube_controller_manager=k8s / "bin" / "kube-controller-manager",
+            kube_scheduler=k8s / "bin" / "kube-scheduler",
+            kubectl=k8s / "bin" / "kubectl",
+            kwok=kwok / "bin" / "kwok",
+            kwok_stages=kwok / "stage",
+            helm=root / f"helm-{pins['HELM_VERSION']}" / "bin" / "helm",
+        )
+
+    def missing(self) -> list[Path]:
+        return [p for p in vars(self).values() if not Path(p).exists()]
+
+
+def ensure_built(*, build: bool = True) -> Binaries:
+    """Return the binaries, running hack/build-k8s.sh first when any is missing and ``build``."""
+    binaries = Binaries.locate()
+    if binaries.missing() and build:
+        subprocess.run(["bash", str(HACK_DIR / "build-k8s.sh")], check=True)
+    if missing := binaries.missing():
+        listed = ", ".join(str(p) for p in missing)
+        raise BinariesMissing(f"missing binaries: {listed}; run hack/build-k8s.sh")
+    return binaries

@@ -1,0 +1,351 @@
+"""Start, inspect and stop one local cluster: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok as loopback processes, plus its simulated nodes.
+
+The demo (``python -m hack.localcluster up``) and the integration-test fixtures call the same
+functions here: one implementation.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .binaries import HACK_DIR, Binaries
+from .nodes import node_manifest
+from .pki import ClientIdentity, ensure_pki
+from .processes import Component, ComponentFailed, ProcessTable
+from .spec import ClusterSpec
+
+# Start order; stop goes in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+CLIENTS = [
+    ClientIdentity("admin", "gpuferry-admin", ("system:masters",)),
+    ClientIdentity("controller-manager", "system:kube-controller-manager"),
+    ClientIdentity("scheduler", "system:kube-scheduler"),
+    ClientIdentity("kwok", "kwok-controller", ("system:masters",)),
+    # the API server's identity towards kubelets (logs, exec, port-forward); see _bootstrap()
+    ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
+]
+
+# kwok stages: ours (hack/kwok) first, then the upstream files kept beside the kwok binary.
+UPSTREAM_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat/node-heartbeat.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+OWN_STAGES = ("pod-complete.yaml",)
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    running: bool
+    pid: int | None
+    log: Path
+
+
+def _https_ok(spec: ClusterSpec, port: int, path: str, *, client_cert: bool) -> bool:
+    ctx = ssl.create_default_context(cafile=str(spec.pki_dir / "ca.crt"))
+    if client_cert:
+        ctx.load_cert_chain(spec.pki_dir / "admin.crt", spec.pki_dir / "admin.key")
+    else:  # controller-manager and scheduler serve self-signed certificates
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return _get_ok(http.client.HTTPSConnection("127.0.0.1", port, timeout=2, context=ctx), path)
+
+
+def _http_ok(port: int, path: str) -> bool:
+    return _get_ok(http.client.HTTPConnection("127.0.0.1", port, timeout=2), path)
+
+
+def _get_ok(conn: http.client.HTTPConnection, path: str) -> bool:
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def write_kubeconfig(path: Path, spec: ClusterSpec, stem: str, user: str) -> None:
+    """A kubeconfig for ``spec``'s API server authenticating with ``pki/<stem>.{crt,key}``."""
+    ctx = f"gpuferry-{spec.name}"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": ctx,
+                "cluster": {"server": spec.server, "certificate-authority": str(spec.pki_dir / "ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(spec.pki_dir / f"{stem}.crt"),
+                    "client-key": str(spec.pki_dir / f"{stem}.key"),
+                },
+            }
+        ],
+        "contexts": [{"name": ctx, "context": {"cluster": ctx, "user": user}}],
+        "current-context": ctx,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+class LocalCluster:
+    """One cluster of a profile; every method is safe to call again."""
+
+    def __init__(self, spec: ClusterSpec, binaries: Binaries) -> None:
+        self.spec = spec
+        self.bin = binaries
+        self.procs = ProcessTable(spec.pid_dir, spec.log_dir)
+
+    # ---- configuration -------------------------------------------------------------------------
+
+    def _kubeconfig(self, stem: str) -> Path:
+        return self.spec.run_dir / f"{stem}.kubeconfig"
+
+    def prepare(self) -> None:
+        """Certificates and kubeconfigs; kept when present so clients stay valid across restarts."""
+        spec = self.spec
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        ensure_pki(spec.pki_dir, cluster=spec.name, service_ip=spec.first_service_ip, clients=CLIENTS)
+        for identity in CLIENTS:
+            path = self._kubeconfig(identity.stem)
+            if not path.exists():
+                write_kubeconfig(path, spec, identity.stem, identity.user)
+
+    def components(self) -> dict[str, Component]:
+        spec, b, pki = self.spec, self.bin, self.spec.pki_dir
+        p = spec.ports
+        etcd_url = f"http://127.0.0.1:{p.etcd_client}"
+
+        def auth(stem: str) -> list[str]:
+            kc = self._kubeconfig(stem)
+            return [
+                f"--kubeconfig={kc}",
+                f"--authentication-kubeconfig={kc}",
+                f"--authorization-kubeconfig={kc}",
+                "--bind-address=127.0.0.1",
+                "--leader-elect=false",
+            ]
+
+        stages = [str(HACK_DIR / "kwok" / s) for s in OWN_STAGES]
+        stages += [str(b.kwok_stages / s) for s in UPSTREAM_STAGES]
+        return {
+            "etcd": Component(
+                name="etcd",
+                argv=[
+                    str(b.etcd),
+                    f"--name={spec.name}",
+                    f"--data-dir={spec.run_dir / 'etcd'}",
+                    "--unsafe-no-fsync",
+                    f"--listen-client-urls={etcd_url}",
+                    f"--advertise-client-urls={etcd_url}",
+                    f"--listen-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{p.etcd_peer}",
+                    f"--initial-cluster={spec.name}=http://127.0.0.1:{p.etcd_peer}",
+                    "--listen-metrics-urls=",
+                    "--log-level=warn",
+                ],
+                healthy=lambda: _http_ok(p.etcd_client, "/health"),
+                ports=[p.etcd_client, p.etcd_peer],
+            ),
+            "kube-apiserver": Component(
+                name="kube-apiserver",
+                argv=[
+                    str(b.kube_apiserver),
+                    f"--etcd-servers={etcd_url}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={p.apiserver}",
+                    f"--tls-cert-file={pki / 'apiserver.crt'}",
+                    f"--tls-private-key-file={pki / 'apiserver.key'}",
+                    f"--client-ca-file={pki / 'ca.crt'}",
+                    f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                    f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pki / 'sa.key'}",
+                    f"--service-cluster-ip-range={spec.service_cidr}",
+                    "--authorization-mode=Node,RBAC",
+                    # on top of the default set (ServiceAccount, ResourceQuota, LimitRanger,
+                    # DefaultTolerationSeconds, CertificateApproval/Signing/SubjectRestriction, ...)
+                    "--enable-admission-plugins=NodeRestriction",
+                    "--allow-privileged=true",
+                    "--profiling=false",
+                ],
+                healthy=lambda: _https_ok(spec, p.apiserver, "/readyz", client_cert=True),
+                ports=[p.apiserver],
+            ),
+            "kube-controller-manager": Component(
+                name="kube-controller-manager",
+                argv=[
+                    str(b.kube_controller_manager),
+                    *auth("controller-manager"),
+                    f"--secure-port={p.controller_manager}",
+                    "--controllers=*",
+                    "--use-service-account-credentials=true",
+                    f"--service-account-private-key-file={pki / 'sa.key'}",
+                    f"--root-ca-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                    f"--cluster-signing-key-file={pki / 'ca.key'}",
+                    f"--service-cluster-ip-range={spec.service_cidr}",
+                    "--concurrent-job-syncs=10",
+                ],
+                healthy=lambda: _https_ok(spec, p.controller_manager, "/healthz", client_cert=False),
+                ports=[p.controller_manager],
+            ),
+            "kube-scheduler": Component(
+                name="kube-scheduler",
+                argv=[str(b.kube_scheduler), *auth("scheduler"), f"--secure-port={p.scheduler}"],
+                healthy=lambda: _https_ok(spec, p.scheduler, "/healthz", client_cert=False),
+                ports=[p.scheduler],
+            ),
+            "kwok": Component(
+                name="kwok",
+                argv=[
+                    str(b.kwok),
+                    f"--kubeconfig={self._kubeconfig('kwok')}",
+                    # only nodes annotated as fake: never the gpuferry virtual node
+                    "--manage-all-nodes=false",
+                    "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                    f"--cidr={spec.pod_cidr}",
+                    "--node-ip=127.0.0.1",
+                    f"--server-address=127.0.0.1:{p.kwok}",
+                    *[a for s in stages for a in ("-c", s)],
+                ],
+                healthy=lambda: _http_ok(p.kwok, "/healthz"),
+                ports=[p.kwok],
+                # kwok always merges ~/.kwok/kwok.yaml unless given a work dir of its own
+                env={"KWOK_WORKDIR": str(spec.run_dir / "kwok")},
+            ),
+        }
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        proc = subprocess.run(
+            [str(self.bin.kubectl), f"--kubeconfig={self.spec.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed on {self.spec.name}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def up(self, *, progress: Callable[[str], None] = print, timeout: float = 120.0) -> None:
+        """Start every component that is not running, then make sure the nodes exist."""
+        self.prepare()
+        comps = self.components()
+        for name in COMPONENTS:
+            started = time.monotonic()
+            if self.procs.start(comps[name], timeout=timeout):
+                progress(f"{self.spec.name}: {name} started in {time.monotonic() - started:.1f}s")
+            else:
+                progress(f"{self.spec.name}: {name} already running")
+            if name == "kube-apiserver":
+                self._bootstrap()
+        self._ensure_nodes(timeout=timeout)
+        progress(f"{self.spec.name}: {len(self.spec.nodes)} nodes Ready")
+
+    def _bootstrap(self) -> None:
+        """Objects every real cluster has that no controller makes for us."""
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "gpuferry:apiserver-kubelet-client"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "system:kubelet-api-admin",
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "User",
+                    "name": "kube-apiserver-kubelet-client",
+                }
+            ],
+        }
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(binding))
+
+    def _ensure_nodes(self, *, timeout: float) -> None:
+        existing = set(self.kubectl("get", "nodes", "-o", "name").split())
+        missing = [n for n in self.spec.nodes if f"node/{n.name}" not in existing]
+        if missing:
+            items = {"apiVersion": "v1", "kind": "List", "items": [node_manifest(n) for n in missing]}
+            # create, not apply: the status (capacity with nvidia.com/gpu) is only taken on create
+            self.kubectl("create", "-f", "-", input=json.dumps(items))
+        deadline = time.monotonic() + timeout
+        names = [n.name for n in self.spec.nodes]
+        while True:
+            ready = self.ready_nodes()
+            if all(n in ready for n in names):
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(names) - ready)
+                raise ComponentFailed("kwok", f"left nodes {missing} not Ready", self.procs.log_path("kwok"))
+            time.sleep(0.5)
+
+    def ready_nodes(self) -> set[str]:
+        data = json.loads(self.kubectl("get", "nodes", "-o", "json"))
+        ready = set()
+        for node in data["items"]:
+            for cond in node.get("status", {}).get("conditions", []):
+                if cond["type"] == "Ready" and cond["status"] == "True":
+                    ready.add(node["metadata"]["name"])
+        return ready
+
+    def status(self) -> list[ComponentStatus]:
+        return [
+            ComponentStatus(
+                name=name,
+                running=(pid := self.procs.pid(name)) is not None,
+                pid=pid,
+                log=self.procs.log_path(name),
+            )
+            for name in COMPONENTS
+        ]
+
+    def crashed(self) -> list[ComponentFailed]:
+        """Components that were started (pid file present) but are no longer running."""
+        return [
+            ComponentFailed(name, "has exited", self.procs.log_path(name))
+            for name in self.procs.recorded()
+            if self.procs.pid(name) is None
+        ]
+
+    def restart(self, name: str, *, timeout: float = 120.0) -> None:
+        """Stop and start one component (tests use this to restart the API server)."""
+        self.procs.stop(name)
+        self.procs.start(self.components()[name], timeout=timeout)
+
+    def stop(self, name: str) -> bool:
+        return self.procs.stop(name)
+
+    def down(self, *, keep_state: bool = False) -> list[str]:
+        """Stop every process (reverse order); remove the run folder unless ``keep_state``."""
+        stopped = [name for name in reversed(COMPONENTS) if self.procs.stop(name)]
+        # anything recorded that is not a known component (should not happen, but leave nothing)
+        stopped += [name for name in self.procs.recorded() if self.procs.stop(name)]
+        if not keep_state and self.spec.run_dir.exists():
+            shutil.rmtree(self.spec.run_dir)
+        return stopped

@@ -1,0 +1,164 @@
+"""Certificates and keys for one local cluster, made with `cryptography`.
+
+One CA per cluster plays three roles, as in kwokctl and kubeadm's single-CA mode: it signs the
+API server's serving certificate, it is the API server's ``--client-ca-file`` (so client
+certificates it signs authenticate), and it is the controller-manager's CSR signing CA (so
+certificates issued through the CSR API for ``kubernetes.io/kube-apiserver-client`` authenticate
+too). The service-account key pair is separate.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class ClientIdentity:
+    """A client certificate to issue: its file stem, user name (CN) and groups (O)."""
+
+    stem: str
+    user: str
+    groups: tuple[str, ...] = ()
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _write_cert(path: Path, cert: x509.Certificate) -> None:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _load_ca(pki: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return cert, key
+
+
+def _make_ca(pki: Path, cluster: str) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuferry-{cluster}-ca")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - datetime.timedelta(minutes=5))
+        .not_valid_after(_now() + 10 * _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(pki / "ca.key", key)
+    _write_cert(pki / "ca.crt", cert)
+
+
+def _issue(
+    pki: Path,
+    stem: str,
+    subject: x509.Name,
+    *,
+    server: bool,
+    sans: list[x509.GeneralName] | None = None,
+) -> None:
+    ca_cert, ca_key = _load_ca(pki)
+    key = ec.generate_private_key(ec.SECP256R1())
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - datetime.timedelta(minutes=5))
+        .not_valid_after(_now() + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    _write_key(pki / f"{stem}.key", key)
+    _write_cert(pki / f"{stem}.crt", cert)
+
+
+def _client_subject(identity: ClientIdentity) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in identity.groups]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, identity.user))
+    return x509.Name(attrs)
+
+
+def ensure_pki(
+    pki: Path,
+    *,
+    cluster: str,
+    service_ip: str,
+    clients: list[ClientIdentity],
+) -> None:
+    """Create whatever is missing under ``pki``; existing files are kept (start is idempotent)."""
+    pki.mkdir(parents=True, exist_ok=True)
+    if not (pki / "ca.crt").exists():
+        _make_ca(pki, cluster)
+    if not (pki / "apiserver.crt").exists():
+        sans: list[x509.GeneralName] = [
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.IPAddress(ipaddress.ip_address(service_ip)),
+            x509.DNSName("localhost"),
+            x509.DNSName("kubernetes"),
+            x509.DNSName("kubernetes.default"),
+            x509.DNSName("kubernetes.default.svc"),
+            x509.DNSName("kubernetes.default.svc.cluster.local"),
+        ]
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
+        _issue(pki, "apiserver", subject, server=True, sans=sans)
+    for identity in clients:
+        if not (pki / f"{identity.stem}.crt").exists():
+            _issue(pki, identity.stem, _client_subject(identity), server=False)
+    if not (pki / "sa.key").exists():
+        sa_key = ec.generate_private_key(ec.SECP256R1())
+        _write_key(pki / "sa.key", sa_key)
+        (pki / "sa.pub").write_bytes(
+            sa_key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )

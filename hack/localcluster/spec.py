@@ -1,0 +1,214 @@
+"""What a local cluster is made of: ports, CIDRs and simulated nodes. Pure data, no I/O.
+
+Two profiles exist so that the demo and the test suite can run side by side: ``demo`` and
+``test`` use different port ranges and run folders.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# GPU Feature Discovery labels as GFD derives them from `nvidia-smi` on a real H100 80GB HBM3
+# node (driver 580.159.04, CUDA 13.0, compute capability 9.0; see shared/data).
+H100_LABELS: dict[str, str] = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver-version.major": "580",
+    "nvidia.com/cuda.driver-version.minor": "159",
+    "nvidia.com/cuda.driver-version.rev": "04",
+    "nvidia.com/cuda.runtime-version.major": "13",
+    "nvidia.com/cuda.runtime-version.minor": "0",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/gpu.machine": "H100-SXM5-80GB",
+}
+
+# A smaller inference part, as GFD labels an NVIDIA L4 (24 GB, Ada Lovelace, compute 8.9).
+L4_LABELS: dict[str, str] = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-L4",
+    "nvidia.com/gpu.memory": "23034",
+    "nvidia.com/gpu.family": "ada-lovelace",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "9",
+    "nvidia.com/cuda.driver-version.major": "580",
+    "nvidia.com/cuda.driver-version.minor": "159",
+    "nvidia.com/cuda.driver-version.rev": "04",
+    "nvidia.com/cuda.runtime-version.major": "13",
+    "nvidia.com/cuda.runtime-version.minor": "0",
+    "nvidia.com/mig.capable": "false",
+    "nvidia.com/gpu.machine": "g6.12xlarge",
+}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One kwok-simulated node."""
+
+    name: str
+    cpu: str
+    memory: str
+    pods: str = "110"
+    gpus: int = 0
+    gpu_labels: dict[str, str] = field(default_factory=dict)
+    pod_cidr: str | None = None
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of one cluster's components."""
+
+    apiserver: int
+    etcd_client: int
+    etcd_peer: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+
+    @classmethod
+    def from_base(cls, base: int) -> Ports:
+        return cls(
+            apiserver=base,
+            etcd_client=base + 1,
+            etcd_peer=base + 2,
+            controller_manager=base + 3,
+            scheduler=base + 4,
+            kwok=base + 5,
+        )
+
+    def all(self) -> dict[str, int]:
+        return {
+            "kube-apiserver": self.apiserver,
+            "etcd (client)": self.etcd_client,
+            "etcd (peer)": self.etcd_peer,
+            "kube-controller-manager": self.controller_manager,
+            "kube-scheduler": self.scheduler,
+            "kwok": self.kwok,
+        }
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Everything needed to start one cluster; paths derive from ``run_dir``."""
+
+    name: str
+    role: str
+    ports: Ports
+    service_cidr: str
+    pod_cidr: str
+    nodes: tuple[NodeSpec, ...]
+    run_dir: Path
+
+    @property
+    def first_service_ip(self) -> str:
+        net, _ = self.service_cidr.split("/")
+        a, b, c, d = net.split(".")
+        return f"{a}.{b}.{c}.{int(d) + 1}"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.run_dir / "pki"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def pid_dir(self) -> Path:
+        return self.run_dir / "pids"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (``system:masters``) for this cluster."""
+        return self.run_dir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+
+PROFILE_PORT_BASES: dict[str, dict[str, int]] = {
+    "demo": {"consumer": 16100, "provider": 16200},
+    "test": {"consumer": 17100, "provider": 17200},
+}
+
+
+def _gpu_nodes(prefix: str, count: int, gpus: int, labels: dict[str, str], first_cidr: int) -> list[NodeSpec]:
+    nodes = []
+    for i in range(count):
+        node_labels = dict(labels)
+        node_labels["nvidia.com/gpu.count"] = str(gpus)
+        nodes.append(
+            NodeSpec(
+                name=f"{prefix}-{i}",
+                cpu="96",
+                memory="1536Gi" if gpus >= 8 else "192Gi",
+                gpus=gpus,
+                gpu_labels=node_labels,
+                pod_cidr=f"10.244.{first_cidr + i}.0/24",
+            )
+        )
+    return nodes
+
+
+def provider_nodes() -> tuple[NodeSpec, ...]:
+    """4 nodes x 8 H100, 2 nodes x 2 L4, one CPU-only node."""
+    nodes = _gpu_nodes("gpu-h100", 4, 8, H100_LABELS, first_cidr=1)
+    nodes += _gpu_nodes("gpu-l4", 2, 2, L4_LABELS, first_cidr=5)
+    nodes.append(NodeSpec(name="cpu-0", cpu="32", memory="128Gi", pod_cidr="10.244.7.0/24"))
+    return tuple(nodes)
+
+
+def consumer_nodes() -> tuple[NodeSpec, ...]:
+    """Two CPU-only worker nodes."""
+    return tuple(
+        NodeSpec(name=f"worker-{i}", cpu="16", memory="64Gi", pod_cidr=f"10.244.{i + 1}.0/24")
+        for i in range(2)
+    )
+
+
+def default_run_root() -> Path:
+    """Where clusters keep their state: ``$GPUFERRY_RUN_DIR`` or ``<cache>/run``."""
+    if env := os.environ.get("GPUFERRY_RUN_DIR"):
+        return Path(env)
+    return cache_dir() / "run"
+
+
+def cache_dir() -> Path:
+    """The build cache shared with hack/build-k8s.sh: ``$GPUFERRY_CACHE`` or ``~/.cache/gpuferry``."""
+    if env := os.environ.get("GPUFERRY_CACHE"):
+        return Path(env)
+    return Path.home() / ".cache" / "gpuferry"
+
+
+def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, ClusterSpec]:
+    """The consumer and provider clusters of a profile (``demo`` or ``test``)."""
+    if profile not in PROFILE_PORT_BASES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILE_PORT_BASES)}")
+    root = (run_root or default_run_root()) / profile
+    bases = PROFILE_PORT_BASES[profile]
+    return {
+        "consumer": ClusterSpec(
+            name="consumer",
+            role="consumer",
+            ports=Ports.from_base(bases["consumer"]),
+            service_cidr="10.96.0.0/16",
+            pod_cidr="10.244.0.0/16",
+            nodes=consumer_nodes(),
+            run_dir=root / "consumer",
+        ),
+        "provider": ClusterSpec(
+            name="provider",
+            role="provider",
+            ports=Ports.from_base(bases["provider"]),
+            service_cidr="10.96.0.0/16",
+            pod_cidr="10.244.0.0/16",
+            nodes=provider_nodes(),
+            run_dir=root / "provider",
+        ),
+    }
