@@ -1,0 +1,73 @@
+"""gpuferry's Prometheus metrics: one registry, ``gpuferry_`` names, idempotent constructors.
+
+Every component registers its families in :data:`REGISTRY` through :func:`counter`,
+:func:`gauge` and :func:`histogram`. Asking twice for the same name returns the family made the
+first time (modules are imported once, but tests and several queues in one process ask again);
+asking for it with a different type or labels is a programming error and raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+__all__ = ["PREFIX", "REGISTRY", "counter", "gauge", "histogram", "render"]
+
+PREFIX = "gpuferry_"
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""The registry every gpuferry metric lives in (served by each component's /metrics)."""
+
+DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+_M = TypeVar("_M", bound=MetricWrapperBase)
+_families: dict[str, tuple[MetricWrapperBase, tuple[str, ...]]] = {}
+_lock = threading.Lock()
+
+
+def _name(name: str) -> str:
+    return name if name.startswith(PREFIX) else PREFIX + name
+
+
+def _get_or_make(cls: type[_M], name: str, documentation: str, labelnames: Sequence[str],
+                 **kwargs: object) -> _M:
+    full = _name(name)
+    labels = tuple(labelnames)
+    with _lock:
+        found = _families.get(full)
+        if found is not None:
+            family, known_labels = found
+            if type(family) is not cls or known_labels != labels:
+                raise ValueError(
+                    f"metric {full} is already a {type(family).__name__} with labels {known_labels}; "
+                    f"asked for a {cls.__name__} with labels {labels}"
+                )
+            assert isinstance(family, cls)
+            return family
+        family = cls(full, documentation, labelnames=labels, registry=REGISTRY, **kwargs)  # type: ignore[arg-type]
+        _families[full] = (family, labels)
+        return family
+
+
+def counter(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
+    """A counter named ``gpuferry_<name>`` (exposed with a ``_total`` suffix)."""
+    return _get_or_make(Counter, name, documentation, labelnames)
+
+
+def gauge(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Gauge:
+    """A gauge named ``gpuferry_<name>``."""
+    return _get_or_make(Gauge, name, documentation, labelnames)
+
+
+def histogram(name: str, documentation: str, labelnames: Sequence[str] = (),
+              buckets: Sequence[float] = DURATION_BUCKETS) -> Histogram:
+    """A histogram named ``gpuferry_<name>``; the default buckets suit durations in seconds."""
+    return _get_or_make(Histogram, name, documentation, labelnames, buckets=tuple(buckets))
+
+
+def render() -> bytes:
+    """The text exposition of :data:`REGISTRY`, for a ``/metrics`` handler."""
+    return generate_latest(REGISTRY)

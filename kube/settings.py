@@ -1,0 +1,152 @@
+"""Settings shared by every component, as frozen dataclasses with one docstring per field.
+
+Components take them as keyword-only arguments. The environment is read once, at an entry
+point, with ``ClientSettings.from_env(prefix="GPUFERRY_")``: each field ``foo`` of a class whose
+section is ``CLIENT`` is read from ``GPUFERRY_CLIENT_FOO``; unset variables keep the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Self
+
+__all__ = ["ClientSettings", "LoggingSettings", "QueueSettings", "WatchSettings"]
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _convert(name: str, raw: str, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        if raw.strip().lower() in ("", "none", "null") and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(name, raw, inner)
+    if origin is Literal:
+        if raw not in args:
+            raise ValueError(f"{name}={raw!r}: expected one of {', '.join(map(str, args))}")
+        return raw
+    if hint is bool:
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ValueError(f"{name}={raw!r}: expected a boolean (true/false)")
+    if hint in (int, float):
+        try:
+            return hint(raw.strip())
+        except ValueError:
+            raise ValueError(f"{name}={raw!r}: expected {hint.__name__}") from None
+    if hint is str:
+        return raw
+    raise TypeError(f"{name}: cannot read a {hint!r} from the environment")
+
+
+class _FromEnv:
+    section: ClassVar[str]
+
+    @classmethod
+    def env_names(cls, prefix: str = "GPUFERRY_") -> dict[str, str]:
+        """Field name → environment variable name."""
+        assert dataclasses.is_dataclass(cls)
+        return {f.name: f"{prefix}{cls.section}_{f.name.upper()}" for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_env(cls, prefix: str = "GPUFERRY_", environ: Mapping[str, str] | None = None,
+                 **overrides: Any) -> Self:
+        """Defaults, overridden by the environment, overridden by keyword arguments.
+
+        Raises ``ValueError`` naming the variable when a value cannot be parsed.
+        """
+        env = os.environ if environ is None else environ
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for field, var in cls.env_names(prefix).items():
+            if var in env:
+                values[field] = _convert(var, env[var], hints[field])
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientSettings(_FromEnv):
+    """How a :class:`kube.clients.KubeClient` talks to one API server."""
+
+    section: ClassVar[str] = "CLIENT"
+
+    qps: float = 100.0
+    """Sustained requests per second allowed by the client-side rate limiter; <= 0 disables it."""
+    burst: int = 100
+    """Requests that may go out at once before the limiter starts spacing them at ``qps``."""
+    request_timeout: float = 30.0
+    """Seconds a non-streaming request may take in total."""
+    connect_timeout: float = 10.0
+    """Seconds to establish a connection (TCP and TLS), for every request and stream."""
+    watch_timeout_seconds: int = 290
+    """``timeoutSeconds`` asked of the server for a watch; it then ends the watch cleanly."""
+    max_connections: int = 100
+    """Connections kept to the API server; every open watch holds one."""
+    user_agent: str = "gpuferry"
+    """``User-Agent`` header, shown in API server audit logs and APF flow schemas."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueSettings(_FromEnv):
+    """How a :class:`kube.queueing.KeyedQueue` retries and how many keys it works on at once."""
+
+    section: ClassVar[str] = "QUEUE"
+
+    workers: int = 16
+    """Keys processed concurrently; one key is never processed by two workers at once."""
+    backoff_base: float = 0.5
+    """First retry delay of a failing key, doubled on every further failure."""
+    backoff_max: float = 60.0
+    """Cap of the per-key retry delay."""
+    conflict_delay: float = 0.05
+    """First retry delay after a 409 Conflict (read again and retry soon), doubled likewise."""
+    drain_timeout: float = 30.0
+    """Seconds ``shutdown`` lets work in progress finish before cancelling it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchSettings(_FromEnv):
+    """How :func:`kube.watching.watch_objects` lists, watches, resumes and relists."""
+
+    section: ClassVar[str] = "WATCH"
+
+    timeout_seconds: int = 290
+    """``timeoutSeconds`` of each watch request; the watch is then resumed from the last rv."""
+    page_size: int = 500
+    """``limit`` of each LIST page; pages are followed with ``continue``."""
+    read_timeout: float = 360.0
+    """Seconds without a byte (events or bookmarks) after which a watch stream counts as dead."""
+    backoff_base: float = 0.5
+    """First delay before reconnecting after a 5xx, 429 or network error; doubled each time."""
+    backoff_max: float = 30.0
+    """Cap of the reconnect delay (a ``Retry-After`` from the server is honoured as sent)."""
+    backoff_jitter: float = 0.2
+    """Random fraction added to each reconnect delay, so many watchers do not reconnect at once."""
+    relist_delay: float = 0.0
+    """Seconds to wait before listing again after 410 Gone."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingSettings(_FromEnv):
+    """Where and how components log."""
+
+    section: ClassVar[str] = "LOG"
+
+    level: str = "INFO"
+    """Root log level name (DEBUG, INFO, WARNING, ERROR)."""
+    format: Literal["text", "json"] = "text"
+    """``text`` for people, ``json`` for one JSON object per line."""
+    quiet_libraries: bool = True
+    """Raise aiohttp's and asyncio's loggers to WARNING."""

@@ -1,0 +1,83 @@
+"""Named, guarded tasks and a supervisor for a component's root tasks.
+
+Every long-lived loop (a watch, a queue's workers, an HTTP server, a lease renewer) runs as a
+named task. :func:`create_guarded_task` logs a task's failure with its name instead of leaving
+"Task exception was never retrieved" to the garbage collector. :func:`run_supervised` runs a
+component's root tasks together: when the first one ends, normally or not, the others are
+cancelled and awaited, and the first one's exception (if any) is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+__all__ = ["create_guarded_task", "run_supervised"]
+
+T = TypeVar("T")
+
+_log = logging.getLogger(__name__)
+
+
+async def _guarded(coro: Coroutine[Any, Any, T], name: str, logger: logging.Logger) -> T | None:
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("task %s failed", name)
+        return None
+
+
+def create_guarded_task(coro: Coroutine[Any, Any, T], name: str, *,
+                        logger: logging.Logger | None = None) -> asyncio.Task[T | None]:
+    """A task named ``name`` whose exception is logged (with the name) and swallowed.
+
+    Its result is ``None`` when it failed. Cancellation propagates as usual.
+    """
+    return asyncio.create_task(_guarded(coro, name, logger or _log), name=name)
+
+
+async def _cancel_all(tasks: Mapping[str, asyncio.Task[Any]], logger: logging.Logger) -> None:
+    for task in tasks.values():
+        task.cancel()
+    results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    for name, result in zip(tasks, results, strict=True):
+        if isinstance(result, Exception):
+            logger.error("task %s failed while stopping", name, exc_info=result)
+
+
+async def run_supervised(roots: Mapping[str, Coroutine[Any, Any, Any]], *,
+                         logger: logging.Logger | None = None) -> str:
+    """Run ``roots`` (name → coroutine) until the first ends; stop the others; return its name.
+
+    If the first task to end raised, its exception is logged with its name and re-raised after
+    the others have stopped. If this coroutine is cancelled, all tasks are cancelled and awaited.
+    """
+    log = logger or _log
+    if not roots:
+        raise ValueError("run_supervised needs at least one root task")
+    tasks = {name: asyncio.create_task(coro, name=name) for name, coro in roots.items()}
+    try:
+        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await _cancel_all(tasks, log)
+        raise
+    first_name, first = next((n, t) for n, t in tasks.items() if t in done)
+    others = {n: t for n, t in tasks.items() if t is not first}
+    if first.cancelled():
+        log.warning("root task %s was cancelled; stopping the others", first_name)
+    elif first.exception() is not None:
+        log.error("root task %s failed; stopping the others", first_name, exc_info=first.exception())
+    else:
+        log.info("root task %s ended; stopping the others", first_name)
+    # other tasks that finished in the same step: report their failures too
+    for name, task in others.items():
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.error("root task %s failed", name, exc_info=task.exception())
+    await _cancel_all({n: t for n, t in others.items() if not t.done()}, log)
+    if not first.cancelled() and first.exception() is not None:
+        raise first.exception()  # type: ignore[misc]
+    return first_name

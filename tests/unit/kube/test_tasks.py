@@ -1,0 +1,71 @@
+"""Guarded tasks and the root-task supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from kube.tasks import create_guarded_task, run_supervised
+
+
+async def forever(stopped: list[str], name: str) -> None:
+    try:
+        await asyncio.sleep(10)
+    finally:
+        stopped.append(name)
+
+
+async def test_guarded_task_logs_its_failure_with_its_name(caplog: pytest.LogCaptureFixture) -> None:
+    async def boom() -> int:
+        raise RuntimeError("lease lost")
+
+    task = create_guarded_task(boom(), "lease-renewer", logger=logging.getLogger("t"))
+    assert task.get_name() == "lease-renewer"
+    assert await task is None
+    (record,) = caplog.records
+    assert record.getMessage() == "task lease-renewer failed" and record.exc_info
+
+    async def fine() -> int:
+        return 7
+
+    assert await create_guarded_task(fine(), "fine") == 7
+
+
+async def test_the_first_root_task_to_end_stops_the_others() -> None:
+    stopped: list[str] = []
+
+    async def short() -> None:
+        await asyncio.sleep(0.01)
+
+    first = await run_supervised(
+        {"watch": forever(stopped, "watch"), "server": forever(stopped, "server"), "oneshot": short()}
+    )
+    assert first == "oneshot"
+    assert sorted(stopped) == ["server", "watch"]
+
+
+async def test_a_failing_root_task_is_logged_and_raised_after_the_others_stop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stopped: list[str] = []
+
+    async def broken() -> None:
+        await asyncio.sleep(0.01)
+        raise ValueError("bad config")
+
+    with pytest.raises(ValueError, match="bad config"):
+        await run_supervised({"workers": forever(stopped, "workers"), "broken": broken()})
+    assert stopped == ["workers"]
+    assert "root task broken failed" in caplog.text
+
+
+async def test_cancelling_the_supervisor_cancels_every_root_task() -> None:
+    stopped: list[str] = []
+    sup = asyncio.create_task(run_supervised({"a": forever(stopped, "a"), "b": forever(stopped, "b")}))
+    await asyncio.sleep(0.01)
+    sup.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sup
+    assert sorted(stopped) == ["a", "b"]
