@@ -1,0 +1,252 @@
+"""The twin pod: a consumer pod bound to the virtual node, forged for the provider.
+
+:func:`remote_pod` builds the twin to create; :func:`remote_pod_update` the JSON merge patch that
+brings an existing twin in line with a changed consumer pod. Both are pure.
+
+What the twin keeps, drops and changes (each for a reason an operator can check):
+
+* **metadata**: same name; namespace = the twin namespace (:func:`vk.forge.names.twin_namespace`);
+  the consumer's labels and annotations, plus ownership labels and origin annotations
+  (:mod:`vk.forge.labels`) that win over same-named consumer keys. Dropped: uid, resourceVersion,
+  creationTimestamp, generation, managedFields, ownerReferences (they name consumer objects),
+  finalizers (nobody on the provider would remove them), deletion*, generateName, selfLink, and
+  the ``kubectl.kubernetes.io/last-applied-configuration`` annotation (a consumer-side record
+  that would mislead ``kubectl apply`` on the provider).
+* **placement**: ``nodeName`` dropped (the provider scheduler picks a node); node selectors,
+  node-affinity expressions and the toleration that target the virtual node dropped, the rest
+  kept (:mod:`vk.forge.placement`); ``schedulerName`` set to the provider scheduler when one is
+  configured, else dropped (the provider's default scheduler); ``priorityClassName`` dropped
+  unless configured to keep it; ``priority`` and ``preemptionPolicy`` always dropped, because the
+  provider's Priority admission recomputes them from the class and refuses a pod whose values
+  differ; ``overhead`` dropped for the same reason (RuntimeClass admission).
+* **resources**: containers are copied verbatim, requests and limits included, so
+  ``nvidia.com/gpu``, ``nvidia.com/gpu.shared``, ``nvidia.com/mig-1g.10gb``, ``cnvrg.io/metagpu``
+  reach the provider's device plugins untouched.
+* **service account**: the consumer's service account does not exist on the provider. The twin
+  runs as the twin namespace's ``default`` service account with
+  ``automountServiceAccountToken: false``, and the projected ``kube-api-access-*`` volume the
+  consumer's admission added (with its mounts) is removed, unless
+  ``ForgeOptions.keep_service_account_volumes`` is set — the seam where accessory reflection puts
+  back a consumer token.
+* **readinessGates** dropped: their conditions are set by consumer-side controllers and would
+  never become true on the twin. **ephemeralContainers** dropped: the API refuses them on create.
+* status is not part of a twin.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vk.forge import labels as lbl
+from vk.forge.names import NamespaceStrategy, node_name, twin_namespace
+from vk.forge.placement import forge_affinity, forge_node_selector, forge_tolerations
+
+__all__ = [
+    "DROPPED_ANNOTATIONS",
+    "SERVICE_ACCOUNT_VOLUME_PREFIX",
+    "ForgeOptions",
+    "is_service_account_volume",
+    "remote_pod",
+    "remote_pod_update",
+]
+
+DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
+SERVICE_ACCOUNT_VOLUME_PREFIX = "kube-api-access-"
+_OWN_KEYS = frozenset({lbl.MANAGED_BY, lbl.ORIGIN_CLUSTER_ID, lbl.ORIGIN_NAMESPACE, lbl.ORIGIN_NAME,
+                       lbl.ORIGIN_UID, lbl.REFLECTED_LABELS, lbl.REFLECTED_ANNOTATIONS})
+_CONTAINER_LISTS = ("initContainers", "containers")
+_DROPPED_SPEC_FIELDS = ("nodeName", "priority", "preemptionPolicy", "overhead", "readinessGates",
+                        "ephemeralContainers", "serviceAccount", "serviceAccountName")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForgeOptions:
+    """How consumer pods become twins for one virtual node."""
+
+    consumer_cluster_id: str
+    """ID of the consumer cluster: twin namespace suffix and ownership label value."""
+    provider_cluster_id: str
+    """ID of the provider cluster the virtual node stands for."""
+    virtual_node_name: str = ""
+    """Name of the virtual node; empty for the default ``gpuferry-<provider-id>``."""
+    namespace_strategy: NamespaceStrategy = "default"
+    """Twin namespace rule: ``<namespace>-<consumer-id>`` or the same name."""
+    provider_scheduler: str | None = None
+    """``schedulerName`` for twins; ``None`` leaves them to the provider's default scheduler."""
+    keep_priority_class: bool = False
+    """Keep ``priorityClassName`` (the class must exist on the provider, or creation fails)."""
+    keep_service_account_volumes: bool = False
+    """Keep the projected ``kube-api-access-*`` volumes and mounts (for accessory reflection)."""
+
+    @property
+    def node(self) -> str:
+        """The virtual node's name."""
+        return self.virtual_node_name or node_name(self.provider_cluster_id)
+
+    @property
+    def identity(self) -> dict[str, str]:
+        """The virtual node's identity labels (see :func:`vk.forge.labels.virtual_node_identity`)."""
+        return lbl.virtual_node_identity(self.provider_cluster_id, self.node)
+
+
+def is_service_account_volume(volume: Mapping[str, Any]) -> bool:
+    """Whether ``volume`` is the projected API-access volume that admission adds for a token."""
+    sources = (volume.get("projected") or {}).get("sources") or ()
+    return (str(volume.get("name", "")).startswith(SERVICE_ACCOUNT_VOLUME_PREFIX)
+            and any("serviceAccountToken" in source for source in sources))
+
+
+def _drop_service_account_volumes(spec: dict[str, Any]) -> None:
+    volumes = spec.get("volumes") or []
+    dropped = {v.get("name") for v in volumes if is_service_account_volume(v)}
+    if not dropped:
+        return
+    kept = [v for v in volumes if v.get("name") not in dropped]
+    if kept:
+        spec["volumes"] = kept
+    else:
+        spec.pop("volumes", None)
+    for field in _CONTAINER_LISTS:
+        for container in spec.get(field) or ():
+            mounts = [m for m in container.get("volumeMounts") or () if m.get("name") not in dropped]
+            if mounts:
+                container["volumeMounts"] = mounts
+            else:
+                container.pop("volumeMounts", None)
+
+
+def _set_or_drop(mapping: dict[str, Any], key: str, value: Any) -> None:
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
+
+
+def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
+    spec = copy.deepcopy(dict(local_spec))
+    for field in _DROPPED_SPEC_FIELDS:
+        spec.pop(field, None)
+    if not opts.keep_priority_class:
+        spec.pop("priorityClassName", None)
+    _set_or_drop(spec, "schedulerName", opts.provider_scheduler)
+    identity = opts.identity
+    _set_or_drop(spec, "nodeSelector", forge_node_selector(spec.get("nodeSelector"), identity))
+    _set_or_drop(spec, "affinity", forge_affinity(spec.get("affinity"), identity, opts.node))
+    _set_or_drop(spec, "tolerations", forge_tolerations(spec.get("tolerations")))
+    spec["automountServiceAccountToken"] = False
+    if not opts.keep_service_account_volumes:
+        _drop_service_account_volumes(spec)
+    return spec
+
+
+def _reflected(mapping: Mapping[str, str] | None, dropped: frozenset[str] = frozenset()) -> dict[str, str]:
+    return {k: v for k, v in (mapping or {}).items() if k not in _OWN_KEYS and k not in dropped}
+
+
+def _forge_metadata(local: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
+    metadata = local.get("metadata") or {}
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not name or not namespace:
+        raise ValueError("a pod to forge needs metadata.name and metadata.namespace")
+    labels = _reflected(metadata.get("labels"))
+    annotations = _reflected(metadata.get("annotations"), DROPPED_ANNOTATIONS)
+    records = {lbl.REFLECTED_LABELS: ",".join(sorted(labels)),
+               lbl.REFLECTED_ANNOTATIONS: ",".join(sorted(annotations))}
+    return {
+        "name": name,
+        "namespace": twin_namespace(namespace, opts.consumer_cluster_id, strategy=opts.namespace_strategy),
+        "labels": {**labels, **lbl.ownership_labels(opts.consumer_cluster_id, local)},
+        "annotations": {**annotations, **lbl.origin_annotations(opts.consumer_cluster_id, local), **records},
+    }
+
+
+def remote_pod(local: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
+    """The twin of the consumer pod ``local`` (a raw API dict), ready to create on the provider.
+
+    ``local`` is not modified. Raises :class:`ValueError` when ``local`` has no name or namespace,
+    or names that cannot make a twin namespace.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _forge_metadata(local, opts),
+        "spec": _forge_spec(local.get("spec") or {}, opts),
+    }
+
+
+def _map_patch(current: Mapping[str, str], desired: Mapping[str, str],
+               previously_reflected: str) -> dict[str, str | None]:
+    """Merge patch of a labels/annotations map: set what differs, delete what the consumer
+    dropped since the last sync (and only that: keys the provider added stay)."""
+    patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
+    for key in filter(None, previously_reflected.split(",")):
+        if key not in desired and key in current:
+            patch[key] = None
+    return patch
+
+
+def _image_patch(current: list[dict[str, Any]], desired: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The twin's container list with the consumer's new images, or ``None`` if none changed.
+
+    A merge patch replaces lists whole, so the twin's own list (with anything the provider's
+    admission added) is sent back with only ``image`` changed: the one field the API allows.
+    """
+    images = {c.get("name"): c.get("image") for c in desired}
+    changed = False
+    result = []
+    for container in current:
+        image = images.get(container.get("name"))
+        if image is not None and image != container.get("image"):
+            container = {**container, "image": image}
+            changed = True
+        result.append(container)
+    return result if changed else None
+
+
+def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {}
+    for field in _CONTAINER_LISTS:
+        containers = _image_patch(current.get(field) or [], desired.get(field) or [])
+        if containers is not None:
+            patch[field] = containers
+    deadline = desired.get("activeDeadlineSeconds")
+    if deadline is not None and deadline != current.get("activeDeadlineSeconds"):
+        patch["activeDeadlineSeconds"] = deadline
+    tolerations = current.get("tolerations") or []
+    added = [t for t in desired.get("tolerations") or () if t not in tolerations]
+    if added:
+        patch["tolerations"] = [*tolerations, *added]
+    return patch
+
+
+def remote_pod_update(local: Mapping[str, Any], remote: Mapping[str, Any],
+                      opts: ForgeOptions) -> dict[str, Any] | None:
+    """The JSON merge patch that brings the twin ``remote`` in line with ``local``, or ``None``.
+
+    Only what Kubernetes lets change on an existing pod is patched: container and init-container
+    images, ``activeDeadlineSeconds`` (set or lowered, as the consumer's API server already
+    validated), tolerations added, labels and annotations. Ownership labels and origin
+    annotations are always ours; labels and annotations added on the provider are kept.
+    """
+    desired = remote_pod(local, opts)
+    current_meta = remote.get("metadata") or {}
+    current_annotations = current_meta.get("annotations") or {}
+    metadata: dict[str, Any] = {}
+    labels = _map_patch(current_meta.get("labels") or {}, desired["metadata"]["labels"],
+                        current_annotations.get(lbl.REFLECTED_LABELS, ""))
+    if labels:
+        metadata["labels"] = labels
+    annotations = _map_patch(current_annotations, desired["metadata"]["annotations"],
+                             current_annotations.get(lbl.REFLECTED_ANNOTATIONS, ""))
+    if annotations:
+        metadata["annotations"] = annotations
+    patch: dict[str, Any] = {}
+    if metadata:
+        patch["metadata"] = metadata
+    spec = _spec_patch(remote.get("spec") or {}, desired["spec"])
+    if spec:
+        patch["spec"] = spec
+    return patch or None
