@@ -11,6 +11,7 @@ log() { printf '[setup %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 declare -A debs=(
   [ip]=iproute2
   [openssl]=openssl
+  [nft]=nftables
 )
 missing=()
 for cmd in "${!debs[@]}"; do

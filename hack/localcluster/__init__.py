@@ -3,8 +3,6 @@ kwok) on loopback, used by the demo and by the integration tests alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from .binaries import Binaries, BinariesMissing, ensure_built
 from .cluster import COMPONENTS, LocalCluster
 from .processes import ComponentFailed, PortBusy
@@ -25,10 +23,7 @@ __all__ = [
 ]
 
 
-def profile_clusters(
-    profile: str, *, build: bool = True, progress: Callable[[str], None] = print
-) -> dict[str, LocalCluster]:
+def profile_clusters(profile: str, *, build: bool = True) -> dict[str, LocalCluster]:
     """The consumer and provider clusters of ``profile``, binaries built when missing."""
     binaries = ensure_built(build=build)
-    del progress
     return {name: LocalCluster(spec, binaries) for name, spec in cluster_specs(profile).items()}

@@ -7,14 +7,15 @@ import json
 import sys
 import time
 
-from .binaries import BinariesMissing, ensure_built
+from .binaries import Binaries, BinariesMissing, ensure_built
 from .cluster import COMPONENTS, LocalCluster
 from .processes import ComponentFailed, PortBusy
 from .spec import PROFILE_PORT_BASES, cluster_specs
 
 
 def _clusters(args: argparse.Namespace, *, build: bool) -> list[LocalCluster]:
-    binaries = ensure_built(build=build)
+    # only 'up' needs every binary; stopping or inspecting works with whatever is there
+    binaries = ensure_built() if build else Binaries.locate()
     specs = cluster_specs(args.profile)
     names = list(specs) if args.cluster == "all" else [args.cluster]
     return [LocalCluster(specs[n], binaries) for n in names]
@@ -66,7 +67,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         table = Table("cluster", "component", "state", "pid", "log")
         for r in rows:
             state = "[green]running[/]" if r["running"] else "[red]stopped[/]"
-            table.add_row(r["cluster"], r["component"], state, str(r["pid"] or "-"), r["log"])
+            table.add_row(str(r["cluster"]), str(r["component"]), state, str(r["pid"] or "-"), str(r["log"]))
         Console().print(table)
     return 1 if unhealthy else 0
 
@@ -79,7 +80,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
-    for cluster in _clusters(args, build=False):
+    for cluster in _clusters(args, build=True):
         cluster.restart(args.component)
         _progress(f"{cluster.spec.name}: {args.component} restarted")
     return 0
@@ -92,11 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         "kube-scheduler, kwok) on loopback, built from source by hack/build-k8s.sh.",
     )
     parser.add_argument(
-        "--profile", default="demo", choices=sorted(PROFILE_PORT_BASES),
+        "--profile",
+        default="demo",
+        choices=sorted(PROFILE_PORT_BASES),
         help="port range and run folder: 'demo' for people, 'test' for the test suite (default: demo)",
     )
     parser.add_argument(
-        "--cluster", default="all", choices=["all", "consumer", "provider"],
+        "--cluster",
+        default="all",
+        choices=["all", "consumer", "provider"],
         help="which cluster to act on (default: both)",
     )
     sub = parser.add_subparsers(dest="command", required=True)

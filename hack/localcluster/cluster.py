@@ -301,8 +301,8 @@ class LocalCluster:
             if all(n in ready for n in names):
                 return
             if time.monotonic() > deadline:
-                missing = sorted(set(names) - ready)
-                raise ComponentFailed("kwok", f"left nodes {missing} not Ready", self.procs.log_path("kwok"))
+                not_ready = sorted(set(names) - ready)
+                raise ComponentFailed("kwok", f"left nodes {not_ready} not Ready", self.procs.log_path("kwok"))
             time.sleep(0.5)
 
     def ready_nodes(self) -> set[str]:
@@ -337,6 +337,30 @@ class LocalCluster:
         """Stop and start one component (tests use this to restart the API server)."""
         self.procs.stop(name)
         self.procs.start(self.components()[name], timeout=timeout)
+
+    def _etcd(self, path: str, body: dict[str, object]) -> dict[str, object]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.spec.ports.etcd_client, timeout=10)
+        try:
+            conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data: dict[str, object] = json.loads(resp.read())
+            if resp.status != 200:
+                raise RuntimeError(f"etcd {path} on {self.spec.name}: {resp.status} {data}")
+            return data
+        finally:
+            conn.close()
+
+    def etcd_revision(self) -> int:
+        header = self._etcd("/v3/kv/range", {"key": "AA=="})["header"]
+        assert isinstance(header, dict)
+        return int(header["revision"])
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what the API server does every
+        five minutes); returns that revision. Watches from older resource versions then get 410."""
+        revision = self.etcd_revision()
+        self._etcd("/v3/kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     def stop(self, name: str) -> bool:
         return self.procs.stop(name)

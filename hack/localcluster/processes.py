@@ -7,6 +7,7 @@ time, which guards against a recycled pid being taken for ours.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -161,23 +162,17 @@ class ProcessTable:
         if pid is None:
             pid_file.unlink(missing_ok=True)
             return False
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.monotonic() + timeout
         while _start_time(pid) is not None and time.monotonic() < deadline:
             time.sleep(0.1)
         if _start_time(pid) is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             while _start_time(pid) is not None:
                 time.sleep(0.05)
-        try:  # reap it if it is our child (started in this Python process)
+        with contextlib.suppress(ChildProcessError):  # reap it if it is our child
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
         pid_file.unlink(missing_ok=True)
         return True

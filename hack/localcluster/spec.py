@@ -135,6 +135,8 @@ class ClusterSpec:
 PROFILE_PORT_BASES: dict[str, dict[str, int]] = {
     "demo": {"consumer": 16100, "provider": 16200},
     "test": {"consumer": 17100, "provider": 17200},
+    # throwaway clusters that tests of the cluster lifecycle itself start and tear down
+    "scratch": {"consumer": 18100, "provider": 18200},
 }
 
 

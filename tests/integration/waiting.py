@@ -1,0 +1,52 @@
+"""Waiting for an object to reach a state, through a real watch (kube.watching), never a poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kube.clients import KubeClient
+from kube.objects import RawObject, Resource
+from kube.watching import Listed, WatchEvent, watch_objects
+
+
+async def wait_for(
+    client: KubeClient,
+    resource: Resource,
+    name: str,
+    predicate: Callable[[RawObject], bool],
+    *,
+    namespace: str | None = None,
+    timeout: float = 30.0,
+) -> RawObject:
+    """The first version of ``name`` for which ``predicate`` holds; TimeoutError names the last seen."""
+    last: RawObject | None = None
+
+    async def watch() -> RawObject:
+        nonlocal last
+        async for item in watch_objects(
+            client, resource, namespace=namespace, field_selector=f"metadata.name={name}"
+        ):
+            if isinstance(item, Listed):
+                continue
+            assert isinstance(item, WatchEvent)
+            if item.type != "DELETED":
+                last = item.object
+                if predicate(item.object):
+                    return item.object
+        raise AssertionError("watch_objects ended")
+
+    try:
+        return await asyncio.wait_for(watch(), timeout)
+    except TimeoutError:
+        shown = last.get("status") if last else "never seen"
+        raise TimeoutError(
+            f"{resource.plural} {namespace}/{name} not as expected after {timeout}s: {shown}"
+        ) from None
+
+
+def condition(obj: RawObject, type_: str) -> RawObject | None:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
