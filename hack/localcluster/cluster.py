@@ -302,7 +302,9 @@ class LocalCluster:
                 return
             if time.monotonic() > deadline:
                 not_ready = sorted(set(names) - ready)
-                raise ComponentFailed("kwok", f"left nodes {not_ready} not Ready", self.procs.log_path("kwok"))
+                raise ComponentFailed(
+                    "kwok", f"left nodes {not_ready} not Ready", self.procs.log_path("kwok")
+                )
             time.sleep(0.5)
 
     def ready_nodes(self) -> set[str]:

@@ -1,0 +1,1 @@
+"""Peering: authentication, GPU slice negotiation, virtual node lifecycle and the gpuferry CLI."""

@@ -1,0 +1,1 @@
+"""The gpuferry command line (liqoctl-like)."""

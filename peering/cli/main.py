@@ -1,0 +1,141 @@
+"""``gpuferry``: the command line. Every error a user can cause is one line and a non-zero exit.
+
+Commands today: ``version`` (client, server and whether gpuferry's CRDs are installed) and
+``install crds``. Peering, offloading and ``info`` come with the peering work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from typing import Any
+
+import yaml
+
+from kube.clients import KubeClient
+from kube.errors import KubeError, NetworkError
+from kube.kubeconfigs import ConfigError
+from peering.crds import ensure_crds, installed, load_crds
+
+EXIT_USER_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def client_version() -> str:
+    try:
+        return dist_version("gpuferry")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _emit(data: dict[str, Any], output: str, table: list[tuple[str, str]]) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=True), end="")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(show_header=False, box=None)
+        for key, value in table:
+            t.add_row(f"[bold]{key}[/]", value)
+        Console().print(t)
+
+
+async def cmd_version(args: argparse.Namespace) -> int:
+    data: dict[str, Any] = {"clientVersion": client_version()}
+    rows = [("client", data["clientVersion"])]
+    if args.kubeconfig or args.context:
+        async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
+            server = await client.server_version()
+            state = await installed(client, load_crds())
+        data["server"] = client.base_url
+        data["serverVersion"] = server.get("gitVersion")
+        data["crds"] = {
+            "installed": sorted(n for n, ok in state.items() if ok),
+            "missing": sorted(n for n, ok in state.items() if not ok),
+        }
+        rows += [
+            ("server", f"{client.base_url} (Kubernetes {data['serverVersion']})"),
+            (
+                "CRDs",
+                f"{len(data['crds']['installed'])}/{len(state)} installed"
+                + (f"; missing: {', '.join(data['crds']['missing'])}" if data["crds"]["missing"] else ""),
+            ),
+        ]
+    _emit(data, args.output, rows)
+    return 0
+
+
+async def cmd_install_crds(args: argparse.Namespace) -> int:
+    start = time.monotonic()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"  {msg}", file=sys.stderr, flush=True)
+
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
+        names = await ensure_crds(client, timeout=args.timeout, progress=progress)
+    print(f"{len(names)} gpuferry CRDs installed and Established in {time.monotonic() - start:.1f}s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuferry",
+        description="Lend GPUs across Kubernetes clusters: a provider grants a consumer a slice of its "
+        "GPUs, which the consumer sees as a virtual node.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig",
+        help="kubeconfig of the cluster to act on (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
+    common.add_argument("--context", help="kubeconfig context (default: its current context)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ver = sub.add_parser(
+        "version",
+        parents=[common],
+        help="client version; with a cluster, its version and whether gpuferry's CRDs are installed",
+    )
+    ver.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    ver.set_defaults(handler=cmd_version)
+
+    install = sub.add_parser("install", help="install gpuferry's cluster-wide objects")
+    install_sub = install.add_subparsers(dest="what", required=True, metavar="WHAT")
+    crds = install_sub.add_parser(
+        "crds", parents=[common], help="apply the CRDs (idempotent) and wait until the API server serves them"
+    )
+    crds.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
+    crds.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    crds.set_defaults(handler=cmd_install_crds)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(asyncio.run(args.handler(args)))
+    except ConfigError as exc:
+        print(f"error: kubeconfig: {exc}", file=sys.stderr)
+    except NetworkError as exc:
+        print(f"error: cannot reach the API server: {exc}", file=sys.stderr)
+    except KubeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except (TimeoutError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
