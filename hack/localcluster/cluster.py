@@ -25,6 +25,9 @@ from .pki import ClientIdentity, ensure_pki
 from .processes import Component, ComponentFailed, ProcessTable
 from .spec import ClusterSpec
 
+# Taints the node lifecycle controller sets on nodes that are not (yet) Ready.
+LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
 # Start order; stop goes in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
@@ -264,7 +267,7 @@ class LocalCluster:
             if name == "kube-apiserver":
                 self._bootstrap()
         self._ensure_nodes(timeout=timeout)
-        progress(f"{self.spec.name}: {len(self.spec.nodes)} nodes Ready")
+        progress(f"{self.spec.name}: {len(self.spec.nodes)} nodes Ready and schedulable")
 
     def _bootstrap(self) -> None:
         """Objects every real cluster has that no controller makes for us."""
@@ -308,12 +311,18 @@ class LocalCluster:
             time.sleep(0.5)
 
     def ready_nodes(self) -> set[str]:
+        """Nodes that are Ready *and* schedulable: the node lifecycle controller has removed the
+        ``node.kubernetes.io/not-ready`` taint every new node starts with."""
         data = json.loads(self.kubectl("get", "nodes", "-o", "json"))
         ready = set()
         for node in data["items"]:
-            for cond in node.get("status", {}).get("conditions", []):
-                if cond["type"] == "Ready" and cond["status"] == "True":
-                    ready.add(node["metadata"]["name"])
+            conditions = node.get("status", {}).get("conditions", [])
+            is_ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+            lifecycle_taints = [
+                t for t in node.get("spec", {}).get("taints") or [] if t["key"] in LIFECYCLE_TAINTS
+            ]
+            if is_ready and not lifecycle_taints:
+                ready.add(node["metadata"]["name"])
         return ready
 
     def status(self) -> list[ComponentStatus]:

@@ -17,7 +17,9 @@ import pytest
 from hack.localcluster import LocalCluster, profile_clusters
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import NAMESPACES, RawObject
+from kube.objects import NAMESPACES, SERVICEACCOUNTS, RawObject
+
+from .waiting import wait_for
 
 
 @pytest.fixture(scope="session")
@@ -70,6 +72,9 @@ async def make_namespace(request: pytest.FixtureRequest) -> AsyncIterator[Namesp
         body: RawObject = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         await client.create(NAMESPACES, body)
         made.append((client, name))
+        # pods are refused until the service-account controller has made "default", as on any
+        # real cluster: wait for it like a careful user would
+        await wait_for(client, SERVICEACCOUNTS, "default", lambda _: True, namespace=name)
         return name
 
     yield make
