@@ -13,6 +13,10 @@ $py -m hack.localcluster --profile "$profile" up
 kubectl=$(bash hack/build-k8s.sh --print-bin-dirs | head -1)/kubectl
 eval "$($py -m hack.localcluster --profile "$profile" env)"
 
+for var in GPUFERRY_CONSUMER_KUBECONFIG GPUFERRY_PROVIDER_KUBECONFIG; do
+  .venv/bin/gpuferry install crds --quiet --kubeconfig "${!var}"
+done
+
 cols='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,CPU:.status.allocatable.cpu,MEMORY:.status.allocatable.memory,GPUS:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
 for side in CONSUMER PROVIDER; do
   var=GPUFERRY_${side}_KUBECONFIG
@@ -26,6 +30,7 @@ cat <<MSG
 Both clusters run as local processes; point kubectl at them with:
   export KUBECONFIG=$GPUFERRY_CONSUMER_KUBECONFIG   # consumer
   export KUBECONFIG=$GPUFERRY_PROVIDER_KUBECONFIG   # provider
-  alias kubectl=$kubectl                            # the kubectl built with them
+  alias kubectl=$kubectl  # the kubectl built with them
+  .venv/bin/gpuferry version --kubeconfig \$KUBECONFIG   # server version, gpuferry CRDs
 Status: make status    Stop and clean up: make down
 MSG

@@ -7,6 +7,7 @@ functions here: one implementation.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import shutil
@@ -383,4 +384,7 @@ class LocalCluster:
         stopped += [name for name in self.procs.recorded() if self.procs.stop(name)]
         if not keep_state and self.spec.run_dir.exists():
             shutil.rmtree(self.spec.run_dir)
+        if not keep_state:  # the profile folder too, once its last cluster is gone
+            with contextlib.suppress(OSError):
+                self.spec.run_dir.parent.rmdir()
         return stopped

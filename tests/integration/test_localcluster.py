@@ -78,4 +78,5 @@ def test_up_is_idempotent_and_crashes_are_reported_then_down_leaves_nothing(scra
     assert not [name for name, pid in pids.items() if pid and _alive(pid)]
     assert not [port for port in scratch.spec.ports.all().values() if port_in_use(port)]
     assert not scratch.spec.run_dir.exists()
+    assert not scratch.spec.run_dir.parent.exists(), "the profile folder is removed with its last cluster"
     assert scratch.down() == [], "a second down is a no-op"
