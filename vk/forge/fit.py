@@ -76,8 +76,12 @@ def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]
     return False
 
 
-def unschedulable_reason(node: Mapping[str, Any], *, selector: Mapping[str, str] | None = None,
-                         tolerations: Sequence[Mapping[str, Any]] = ()) -> str | None:
+def unschedulable_reason(
+    node: Mapping[str, Any],
+    *,
+    selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> str | None:
     """Why no new pod can be placed on ``node`` (``None`` when one can)."""
     metadata = node.get("metadata") or {}
     spec = node.get("spec") or {}
@@ -113,13 +117,19 @@ def node_free(node: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> Res
     takes one ``pods`` slot. Amounts can be negative on an over-committed node.
     """
     name = (node.get("metadata") or {}).get("name")
-    return _free(node, (pod for pod in pods
-                        if (pod.get("spec") or {}).get("nodeName") == name and not is_terminal(pod)))
+    return _free(
+        node,
+        (pod for pod in pods if (pod.get("spec") or {}).get("nodeName") == name and not is_terminal(pod)),
+    )
 
 
-def per_node_free(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *,
-                  selector: Mapping[str, str] | None = None,
-                  tolerations: Sequence[Mapping[str, Any]] = ()) -> dict[str, ResourceList]:
+def per_node_free(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, ResourceList]:
     """Node name → free resources, for the nodes a twin could be placed on."""
     by_node: dict[str, list[Mapping[str, Any]]] = {}
     for pod in pods:
@@ -141,9 +151,13 @@ def _largest(free_by_node: Mapping[str, Mapping[str, Decimal]]) -> ResourceList:
     return largest
 
 
-def largest_blocks(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *,
-                   selector: Mapping[str, str] | None = None,
-                   tolerations: Sequence[Mapping[str, Any]] = ()) -> ResourceList:
+def largest_blocks(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> ResourceList:
     """Per resource, the largest amount free on any single schedulable, Ready provider node.
 
     This is what the virtual node advertises as the largest placeable block, next to the sum.
@@ -174,8 +188,9 @@ def _closest(request: Mapping[str, Decimal], free_by_node: Mapping[str, Mapping[
     return f"the closest, {name},{has} only {lacks} free"
 
 
-def fits_somewhere(pod_request: Mapping[str, Decimal],
-                   per_node_free: Mapping[str, Mapping[str, Decimal]]) -> FitResult:
+def fits_somewhere(
+    pod_request: Mapping[str, Decimal], per_node_free: Mapping[str, Mapping[str, Decimal]]
+) -> FitResult:
     """Whether one provider node has *all* of ``pod_request`` free, and if not, why not.
 
     ``per_node_free`` is node name → free resources (see :func:`per_node_free`). Resources are
@@ -185,8 +200,11 @@ def fits_somewhere(pod_request: Mapping[str, Decimal],
     """
     request = {name: amount for name, amount in pod_request.items() if amount > 0}
     if not per_node_free:
-        return FitResult(False, "NoProviderNodes",
-                         "no provider node can take pods (none is Ready, uncordoned and untainted)")
+        return FitResult(
+            False,
+            "NoProviderNodes",
+            "no provider node can take pods (none is Ready, uncordoned and untainted)",
+        )
     for name in sorted(per_node_free):
         if not fits(request, per_node_free[name]):
             return FitResult(True, "Fits", f"fits on provider node {name}", name)
@@ -196,14 +214,21 @@ def fits_somewhere(pod_request: Mapping[str, Decimal],
     if too_big:
         parts = []
         for resource in too_big:
-            total = sum((max(free.get(resource, Decimal(0)), Decimal(0)) for free in per_node_free.values()),
-                        Decimal(0))
+            total = sum(
+                (max(free.get(resource, Decimal(0)), Decimal(0)) for free in per_node_free.values()),
+                Decimal(0),
+            )
             block = format_quantity(largest.get(resource, Decimal(0)), like=resource)
-            parts.append(f"pod needs {_amount(request[resource], resource)} but the largest free block on "
-                         f"any provider node is {block} ({format_quantity(total, like=resource)} free in "
-                         f"total across {_nodes(count)})")
+            parts.append(
+                f"pod needs {_amount(request[resource], resource)} but the largest free block on "
+                f"any provider node is {block} ({format_quantity(total, like=resource)} free in "
+                f"total across {_nodes(count)})"
+            )
         return FitResult(False, "ExceedsLargestBlock", "; ".join(parts))
     wanted = _listing([_amount(request[r], r) for r in sorted(request) if r != _PODS])
-    return FitResult(False, "NoNodeFitsAll",
-                     f"pod needs {wanted} on a single node, but none of {_nodes(count)} has all of them "
-                     f"free: {_closest(request, per_node_free)}")
+    return FitResult(
+        False,
+        "NoNodeFitsAll",
+        f"pod needs {wanted} on a single node, but none of {_nodes(count)} has all of them "
+        f"free: {_closest(request, per_node_free)}",
+    )

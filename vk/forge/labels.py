@@ -151,8 +151,10 @@ def origin_of(obj: Mapping[str, Any]) -> Origin | None:
     annotations = metadata.get("annotations") or {}
     if labels.get(MANAGED_BY) != MANAGED_BY_VALUE:
         return None
-    fields = [annotations.get(key) or labels.get(key) or ""
-              for key in (ORIGIN_CLUSTER_ID, ORIGIN_NAMESPACE, ORIGIN_NAME, ORIGIN_UID)]
+    fields = [
+        annotations.get(key) or labels.get(key) or ""
+        for key in (ORIGIN_CLUSTER_ID, ORIGIN_NAMESPACE, ORIGIN_NAME, ORIGIN_UID)
+    ]
     if not all(fields):
         return None
     return Origin(*fields)

@@ -67,8 +67,9 @@ def _prefix(text: str, length: int) -> str:
     return text[:length].rstrip("-") or text[0]
 
 
-def twin_namespace(namespace: str, consumer_cluster_id: str, *,
-                   strategy: NamespaceStrategy = "default") -> str:
+def twin_namespace(
+    namespace: str, consumer_cluster_id: str, *, strategy: NamespaceStrategy = "default"
+) -> str:
     """The provider namespace that holds the twins of ``namespace``'s pods.
 
     Raises :class:`ValueError` when ``namespace`` or ``consumer_cluster_id`` is not a DNS-1123
@@ -102,6 +103,8 @@ def node_name(provider_id: str) -> str:
     """
     name = f"{NODE_NAME_PREFIX}{provider_id}"
     if not provider_id or not is_dns1123_subdomain(name) or len(name) > DNS1123_LABEL_MAX:
-        raise ValueError(f"provider ID {provider_id!r} does not give a valid node name "
-                         f"({name!r}: lowercase alphanumerics, '-' and '.', at most 63 characters)")
+        raise ValueError(
+            f"provider ID {provider_id!r} does not give a valid node name "
+            f"({name!r}: lowercase alphanumerics, '-' and '.', at most 63 characters)"
+        )
     return name

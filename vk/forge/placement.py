@@ -32,12 +32,25 @@ __all__ = [
 ]
 
 _NODE_NAME_FIELD = "metadata.name"
+_VIRTUAL_ONLY_PREFIX = "gpuferry.io/"
+"""Label keys under this prefix exist only on virtual nodes (largest block, managed labels):
+a constraint on them was satisfied by the consumer's binding and means nothing on the provider."""
 
 
-def forge_node_selector(selector: Mapping[str, str] | None,
-                        identity: Mapping[str, str]) -> dict[str, str] | None:
-    """``spec.nodeSelector`` without identity keys; ``None`` when nothing is left."""
-    kept = {key: value for key, value in (selector or {}).items() if key not in identity}
+def _virtual_only(key: object) -> bool:
+    return isinstance(key, str) and key.startswith(_VIRTUAL_ONLY_PREFIX)
+
+
+def forge_node_selector(
+    selector: Mapping[str, str] | None, identity: Mapping[str, str]
+) -> dict[str, str] | None:
+    """``spec.nodeSelector`` without identity keys and ``gpuferry.io/`` keys; ``None`` when
+    nothing is left."""
+    kept = {
+        key: value
+        for key, value in (selector or {}).items()
+        if key not in identity and not _virtual_only(key)
+    }
     return kept or None
 
 
@@ -77,8 +90,9 @@ def _holds(requirement: Mapping[str, Any], value: str) -> bool:
     return False
 
 
-def _split_term(term: Mapping[str, Any], identity: Mapping[str, str],
-                node_name: str) -> tuple[bool, dict[str, Any]]:
+def _split_term(
+    term: Mapping[str, Any], identity: Mapping[str, str], node_name: str
+) -> tuple[bool, dict[str, Any]]:
     """(whether the term's identity requirements hold, the term without them)."""
     holds = True
     stripped: dict[str, Any] = {}
@@ -88,6 +102,8 @@ def _split_term(term: Mapping[str, Any], identity: Mapping[str, str],
             key = requirement.get("key")
             if key in values:
                 holds = holds and _holds(requirement, values[key])
+            elif field == "matchExpressions" and _virtual_only(key):
+                continue  # satisfied by the binding; no such label on provider nodes
             else:
                 kept.append(copy.deepcopy(dict(requirement)))
         if kept:
@@ -95,24 +111,32 @@ def _split_term(term: Mapping[str, Any], identity: Mapping[str, str],
     return holds, stripped
 
 
-def _forge_required(required: Mapping[str, Any], identity: Mapping[str, str],
-                    node_name: str) -> dict[str, Any] | None:
+def _forge_required(
+    required: Mapping[str, Any], identity: Mapping[str, str], node_name: str
+) -> dict[str, Any] | None:
     terms = [_split_term(term, identity, node_name) for term in required.get("nodeSelectorTerms") or ()]
-    originally_empty = [not (term.get("matchExpressions") or term.get("matchFields"))
-                        for term in required.get("nodeSelectorTerms") or ()]
-    matching = [stripped for (holds, stripped), empty in zip(terms, originally_empty, strict=True)
-                if holds and not empty]
+    originally_empty = [
+        not (term.get("matchExpressions") or term.get("matchFields"))
+        for term in required.get("nodeSelectorTerms") or ()
+    ]
+    matching = [
+        stripped
+        for (holds, stripped), empty in zip(terms, originally_empty, strict=True)
+        if holds and not empty
+    ]
     if not matching:
         # The virtual node's identity no longer satisfies any term: the binding still stands.
-        matching = [stripped for (_, stripped), empty in zip(terms, originally_empty, strict=True)
-                    if not empty]
+        matching = [
+            stripped for (_, stripped), empty in zip(terms, originally_empty, strict=True) if not empty
+        ]
     if not matching or any(not stripped for stripped in matching):
         return None
     return {"nodeSelectorTerms": matching}
 
 
-def _forge_preferred(preferred: Sequence[Mapping[str, Any]], identity: Mapping[str, str],
-                     node_name: str) -> list[dict[str, Any]]:
+def _forge_preferred(
+    preferred: Sequence[Mapping[str, Any]], identity: Mapping[str, str], node_name: str
+) -> list[dict[str, Any]]:
     kept = []
     for item in preferred:
         holds, stripped = _split_term(item.get("preference") or {}, identity, node_name)
@@ -121,8 +145,9 @@ def _forge_preferred(preferred: Sequence[Mapping[str, Any]], identity: Mapping[s
     return kept
 
 
-def forge_affinity(affinity: Mapping[str, Any] | None, identity: Mapping[str, str],
-                   node_name: str) -> dict[str, Any] | None:
+def forge_affinity(
+    affinity: Mapping[str, Any] | None, identity: Mapping[str, str], node_name: str
+) -> dict[str, Any] | None:
     """``spec.affinity`` for the twin; ``None`` when nothing is left.
 
     Pod affinity and anti-affinity are kept verbatim: without ``namespaces`` they apply to the
@@ -139,7 +164,8 @@ def forge_affinity(affinity: Mapping[str, Any] | None, identity: Mapping[str, st
         if forged_required is not None:
             new_node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = forged_required
     preferred = _forge_preferred(
-        node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or (), identity, node_name)
+        node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or (), identity, node_name
+    )
     if preferred:
         new_node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
     if new_node_affinity:

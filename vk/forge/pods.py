@@ -55,11 +55,28 @@ __all__ = [
 
 DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 SERVICE_ACCOUNT_VOLUME_PREFIX = "kube-api-access-"
-_OWN_KEYS = frozenset({lbl.MANAGED_BY, lbl.ORIGIN_CLUSTER_ID, lbl.ORIGIN_NAMESPACE, lbl.ORIGIN_NAME,
-                       lbl.ORIGIN_UID, lbl.REFLECTED_LABELS, lbl.REFLECTED_ANNOTATIONS})
+_OWN_KEYS = frozenset(
+    {
+        lbl.MANAGED_BY,
+        lbl.ORIGIN_CLUSTER_ID,
+        lbl.ORIGIN_NAMESPACE,
+        lbl.ORIGIN_NAME,
+        lbl.ORIGIN_UID,
+        lbl.REFLECTED_LABELS,
+        lbl.REFLECTED_ANNOTATIONS,
+    }
+)
 _CONTAINER_LISTS = ("initContainers", "containers")
-_DROPPED_SPEC_FIELDS = ("nodeName", "priority", "preemptionPolicy", "overhead", "readinessGates",
-                        "ephemeralContainers", "serviceAccount", "serviceAccountName")
+_DROPPED_SPEC_FIELDS = (
+    "nodeName",
+    "priority",
+    "preemptionPolicy",
+    "overhead",
+    "readinessGates",
+    "ephemeralContainers",
+    "serviceAccount",
+    "serviceAccountName",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,8 +112,9 @@ class ForgeOptions:
 def is_service_account_volume(volume: Mapping[str, Any]) -> bool:
     """Whether ``volume`` is the projected API-access volume that admission adds for a token."""
     sources = (volume.get("projected") or {}).get("sources") or ()
-    return (str(volume.get("name", "")).startswith(SERVICE_ACCOUNT_VOLUME_PREFIX)
-            and any("serviceAccountToken" in source for source in sources))
+    return str(volume.get("name", "")).startswith(SERVICE_ACCOUNT_VOLUME_PREFIX) and any(
+        "serviceAccountToken" in source for source in sources
+    )
 
 
 def _drop_service_account_volumes(spec: dict[str, Any]) -> None:
@@ -153,8 +171,10 @@ def _forge_metadata(local: Mapping[str, Any], opts: ForgeOptions) -> dict[str, A
         raise ValueError("a pod to forge needs metadata.name and metadata.namespace")
     labels = _reflected(metadata.get("labels"))
     annotations = _reflected(metadata.get("annotations"), DROPPED_ANNOTATIONS)
-    records = {lbl.REFLECTED_LABELS: ",".join(sorted(labels)),
-               lbl.REFLECTED_ANNOTATIONS: ",".join(sorted(annotations))}
+    records = {
+        lbl.REFLECTED_LABELS: ",".join(sorted(labels)),
+        lbl.REFLECTED_ANNOTATIONS: ",".join(sorted(annotations)),
+    }
     return {
         "name": name,
         "namespace": twin_namespace(namespace, opts.consumer_cluster_id, strategy=opts.namespace_strategy),
@@ -177,8 +197,9 @@ def remote_pod(local: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
     }
 
 
-def _map_patch(current: Mapping[str, str], desired: Mapping[str, str],
-               previously_reflected: str) -> dict[str, str | None]:
+def _map_patch(
+    current: Mapping[str, str], desired: Mapping[str, str], previously_reflected: str
+) -> dict[str, str | None]:
     """Merge patch of a labels/annotations map: set what differs, delete what the consumer
     dropped since the last sync (and only that: keys the provider added stay)."""
     patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
@@ -222,8 +243,9 @@ def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
     return patch
 
 
-def remote_pod_update(local: Mapping[str, Any], remote: Mapping[str, Any],
-                      opts: ForgeOptions) -> dict[str, Any] | None:
+def remote_pod_update(
+    local: Mapping[str, Any], remote: Mapping[str, Any], opts: ForgeOptions
+) -> dict[str, Any] | None:
     """The JSON merge patch that brings the twin ``remote`` in line with ``local``, or ``None``.
 
     Only what Kubernetes lets change on an existing pod is patched: container and init-container
@@ -235,12 +257,18 @@ def remote_pod_update(local: Mapping[str, Any], remote: Mapping[str, Any],
     current_meta = remote.get("metadata") or {}
     current_annotations = current_meta.get("annotations") or {}
     metadata: dict[str, Any] = {}
-    labels = _map_patch(current_meta.get("labels") or {}, desired["metadata"]["labels"],
-                        current_annotations.get(lbl.REFLECTED_LABELS, ""))
+    labels = _map_patch(
+        current_meta.get("labels") or {},
+        desired["metadata"]["labels"],
+        current_annotations.get(lbl.REFLECTED_LABELS, ""),
+    )
     if labels:
         metadata["labels"] = labels
-    annotations = _map_patch(current_annotations, desired["metadata"]["annotations"],
-                             current_annotations.get(lbl.REFLECTED_ANNOTATIONS, ""))
+    annotations = _map_patch(
+        current_annotations,
+        desired["metadata"]["annotations"],
+        current_annotations.get(lbl.REFLECTED_ANNOTATIONS, ""),
+    )
     if annotations:
         metadata["annotations"] = annotations
     patch: dict[str, Any] = {}

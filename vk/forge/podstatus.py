@@ -34,15 +34,23 @@ __all__ = [
 
 _COPIED = ("phase", "startTime", "qosClass", "reason", "message")
 _CONTAINER_STATUSES = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
-MANAGED_STATUS_FIELDS: tuple[str, ...] = (*_COPIED, "conditions", *_CONTAINER_STATUSES,
-                                          "podIP", "podIPs", "hostIP", "hostIPs")
+MANAGED_STATUS_FIELDS: tuple[str, ...] = (
+    *_COPIED,
+    "conditions",
+    *_CONTAINER_STATUSES,
+    "podIP",
+    "podIPs",
+    "hostIP",
+    "hostIPs",
+)
 """The status fields that reflection owns on the consumer pod (and clears when the twin lacks
 them); any other status field of the consumer pod is left alone."""
 
 _SCHEDULED = "PodScheduled"
 # Conditions the kubelet owns: on the consumer they come from the twin only.
-_KUBELET_CONDITIONS = frozenset({_SCHEDULED, "PodReadyToStartContainers", "Initialized", "ContainersReady",
-                                 "Ready"})
+_KUBELET_CONDITIONS = frozenset(
+    {_SCHEDULED, "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"}
+)
 _MESSAGE_MAX = 1024
 # Provider scheduling conditions and events → the reason the consumer pod shows.
 _CONDITION_REASONS = {"Unschedulable": "ProviderUnschedulable", "SchedulingGated": "ProviderSchedulingGated"}
@@ -52,8 +60,11 @@ _EVENT_REASONS = {
     "FailedAttachVolume": "ProviderFailedMount",
     "FailedCreatePodSandBox": "ProviderFailedSandbox",
 }
-_EVENT_SOURCES = {"ProviderUnschedulable": "provider scheduler", "ProviderFailedMount": "provider kubelet",
-                  "ProviderFailedSandbox": "provider kubelet"}
+_EVENT_SOURCES = {
+    "ProviderUnschedulable": "provider scheduler",
+    "ProviderFailedMount": "provider kubelet",
+    "ProviderFailedSandbox": "provider kubelet",
+}
 
 
 class Explanation(NamedTuple):
@@ -65,18 +76,24 @@ class Explanation(NamedTuple):
 
 def _shorten(message: str) -> str:
     message = " ".join(message.split())
-    return message if len(message) <= _MESSAGE_MAX else message[:_MESSAGE_MAX - 1] + "…"
+    return message if len(message) <= _MESSAGE_MAX else message[: _MESSAGE_MAX - 1] + "…"
 
 
 def _event_time(event: Mapping[str, Any]) -> str:
     series = event.get("series") or {}
     # RFC 3339 timestamps of one API server compare correctly as strings.
-    return str(series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
-               or (event.get("metadata") or {}).get("creationTimestamp") or "")
+    return str(
+        series.get("lastObservedTime")
+        or event.get("lastTimestamp")
+        or event.get("eventTime")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
 
 
-def pending_explanation(remote: Mapping[str, Any],
-                        events: Iterable[Mapping[str, Any]] = ()) -> Explanation | None:
+def pending_explanation(
+    remote: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()
+) -> Explanation | None:
     """Why the twin ``remote`` is not running yet, in words for the consumer; ``None`` if it is
     not Pending or nothing explains it.
 
@@ -94,9 +111,16 @@ def pending_explanation(remote: Mapping[str, Any],
             detail = condition.get("message") or condition.get("reason") or "not scheduled"
             return Explanation(reason, _shorten(f"provider scheduler: {detail}"))
     uid = (remote.get("metadata") or {}).get("uid")
-    relevant = [e for e in events if e.get("reason") in _EVENT_REASONS
-                and (not uid or not (e.get("involvedObject") or {}).get("uid")
-                     or (e.get("involvedObject") or {}).get("uid") == uid)]
+    relevant = [
+        e
+        for e in events
+        if e.get("reason") in _EVENT_REASONS
+        and (
+            not uid
+            or not (e.get("involvedObject") or {}).get("uid")
+            or (e.get("involvedObject") or {}).get("uid") == uid
+        )
+    ]
     if not relevant:
         return None
     latest = max(relevant, key=_event_time)
@@ -113,8 +137,9 @@ def _conditions(remote_status: Mapping[str, Any], local: Mapping[str, Any] | Non
     """PodScheduled from the consumer, the kubelet's conditions from the twin, and the consumer's
     other conditions (readiness gates, DisruptionTarget set by consumer controllers) kept."""
     local_conditions = [dict(c) for c in ((local or {}).get("status") or {}).get("conditions") or ()]
-    remote_conditions = [_without_generation(c) for c in remote_status.get("conditions") or ()
-                         if c.get("type") != _SCHEDULED]
+    remote_conditions = [
+        _without_generation(c) for c in remote_status.get("conditions") or () if c.get("type") != _SCHEDULED
+    ]
     scheduled = [c for c in local_conditions if c.get("type") == _SCHEDULED]
     if not scheduled:
         scheduled = [{"type": _SCHEDULED, "status": "True"}]
@@ -123,9 +148,14 @@ def _conditions(remote_status: Mapping[str, Any], local: Mapping[str, Any] | Non
     return scheduled + remote_conditions + consumer_only
 
 
-def local_status(remote: Mapping[str, Any], *, remap_ip: Callable[[str], str], host_ip: str,
-                 local: Mapping[str, Any] | None = None,
-                 events: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def local_status(
+    remote: Mapping[str, Any],
+    *,
+    remap_ip: Callable[[str], str],
+    host_ip: str,
+    local: Mapping[str, Any] | None = None,
+    events: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
     """The consumer pod's ``status``, built from the twin ``remote``.
 
     ``remap_ip`` maps a provider pod IP to the address the consumer reaches it at (identity
@@ -134,8 +164,9 @@ def local_status(remote: Mapping[str, Any], *, remap_ip: Callable[[str], str], h
     events about the twin, used to explain a Pending twin (:func:`pending_explanation`).
     """
     remote_status = remote.get("status") or {}
-    status: dict[str, Any] = {key: copy.deepcopy(remote_status[key])
-                              for key in _COPIED if key in remote_status}
+    status: dict[str, Any] = {
+        key: copy.deepcopy(remote_status[key]) for key in _COPIED if key in remote_status
+    }
     status.setdefault("phase", "Pending")
     status["conditions"] = _conditions(remote_status, local)
     for field in _CONTAINER_STATUSES:

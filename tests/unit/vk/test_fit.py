@@ -25,15 +25,21 @@ def four_nodes_two_free_gpus_each() -> tuple[list[dict[str, object]], list[dict[
 
 def test_node_free_subtracts_non_terminal_bound_pods() -> None:
     n = node("gpu-node-0", gpus=8, cpu="64", memory="512Gi", pods="110")
-    pods = [gpu_pod("a", "gpu-node-0", gpus=2, cpu="4", memory="32Gi"),
-            gpu_pod("b", "gpu-node-0", gpus=1, cpu="500m", memory="1536Mi", phase="Pending"),
-            gpu_pod("done", "gpu-node-0", gpus=4, phase="Succeeded"),
-            gpu_pod("failed", "gpu-node-0", gpus=4, phase="Failed"),
-            gpu_pod("elsewhere", "gpu-node-1", gpus=4),
-            gpu_pod("unbound", None, gpus=4, phase="Pending")]
-    memory = Decimal((512 - 32) * 2 ** 30 - 1536 * 2 ** 20)
-    assert node_free(n, pods) == {"nvidia.com/gpu": Decimal(5), "cpu": Decimal("59.5"), "memory": memory,
-                                  "pods": Decimal(108)}
+    pods = [
+        gpu_pod("a", "gpu-node-0", gpus=2, cpu="4", memory="32Gi"),
+        gpu_pod("b", "gpu-node-0", gpus=1, cpu="500m", memory="1536Mi", phase="Pending"),
+        gpu_pod("done", "gpu-node-0", gpus=4, phase="Succeeded"),
+        gpu_pod("failed", "gpu-node-0", gpus=4, phase="Failed"),
+        gpu_pod("elsewhere", "gpu-node-1", gpus=4),
+        gpu_pod("unbound", None, gpus=4, phase="Pending"),
+    ]
+    memory = Decimal((512 - 32) * 2**30 - 1536 * 2**20)
+    assert node_free(n, pods) == {
+        "nvidia.com/gpu": Decimal(5),
+        "cpu": Decimal("59.5"),
+        "memory": memory,
+        "pods": Decimal(108),
+    }
     assert is_terminal(pods[2]) and not is_terminal(pods[0])
 
 
@@ -45,23 +51,29 @@ def test_the_issue_case_four_nodes_two_free_gpus_a_pod_asking_four() -> None:
     result = fits_somewhere(placement_request(gpu_pod("big", gpus=4)), free)
     assert not result.ok
     assert result.reason == "ExceedsLargestBlock"
-    assert result.message == ("pod needs 4 nvidia.com/gpu but the largest free block on any provider node "
-                              "is 2 (8 free in total across 4 nodes)")
+    assert result.message == (
+        "pod needs 4 nvidia.com/gpu but the largest free block on any provider node "
+        "is 2 (8 free in total across 4 nodes)"
+    )
     assert result.node is None
     ok = fits_somewhere(placement_request(gpu_pod("small", gpus=2)), free)
     assert ok.ok and ok.reason == "Fits" and ok.node == "gpu-node-0"
 
 
 def test_resources_are_considered_jointly_on_one_node() -> None:
-    nodes = [node("gpus-no-cpu", gpus=4, cpu="1"), node("lots-of-cpu", gpus=1, cpu="64"),
-             node("nothing-much", gpus=1, cpu="1")]
+    nodes = [
+        node("gpus-no-cpu", gpus=4, cpu="1"),
+        node("lots-of-cpu", gpus=1, cpu="64"),
+        node("nothing-much", gpus=1, cpu="1"),
+    ]
     free = per_node_free(nodes, [])
     assert largest_blocks(nodes, [])["nvidia.com/gpu"] == 4 and largest_blocks(nodes, [])["cpu"] == 64
     result = fits_somewhere(placement_request(gpu_pod("p", gpus=4, cpu="8", memory="16Gi")), free)
     assert not result.ok and result.reason == "NoNodeFitsAll"
     assert result.message == (
         "pod needs 8 cpu, 16Gi memory and 4 nvidia.com/gpu on a single node, but none of 3 nodes has all of "
-        "them free: the closest, gpus-no-cpu, has 512Gi memory and 4 nvidia.com/gpu but only 1 cpu free")
+        "them free: the closest, gpus-no-cpu, has 512Gi memory and 4 nvidia.com/gpu but only 1 cpu free"
+    )
 
 
 def test_several_resources_too_big() -> None:
@@ -70,15 +82,18 @@ def test_several_resources_too_big() -> None:
     assert result.message == (
         "pod needs 128Gi memory but the largest free block on any provider node is 64Gi (64Gi free in total "
         "across 1 node); pod needs 4 nvidia.com/gpu but the largest free block on any provider node is 2 "
-        "(2 free in total across 1 node)")
+        "(2 free in total across 1 node)"
+    )
 
 
 def test_extended_resources_absent_from_every_node() -> None:
     free = per_node_free([node("n1"), node("n2")], [])
     request = parse_resource_list({"nvidia.com/mig-1g.10gb": "1", "cpu": "1"})
     result = fits_somewhere(request, free)
-    assert result.message == ("pod needs 1 nvidia.com/mig-1g.10gb but the largest free block on any provider "
-                              "node is 0 (0 free in total across 2 nodes)")
+    assert result.message == (
+        "pod needs 1 nvidia.com/mig-1g.10gb but the largest free block on any provider "
+        "node is 0 (0 free in total across 2 nodes)"
+    )
 
 
 def test_no_provider_nodes() -> None:
@@ -119,7 +134,8 @@ def test_only_schedulable_ready_matching_untainted_nodes_count() -> None:
     assert unschedulable_reason(nodes[2]) == "not Ready"
     assert unschedulable_reason(nodes[3]) == "has taint nvidia.com/gpu=present:NoSchedule"
     assert unschedulable_reason(nodes[5], selector=selector) == (
-        "does not match node selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+        "does not match node selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+    )
     assert unschedulable_reason({"metadata": {"name": "bare"}}) == "not Ready"
 
 
@@ -135,7 +151,11 @@ def test_tolerates() -> None:
 
 def test_placement_request_takes_a_pod_slot() -> None:
     assert placement_request(gpu_pod("p", gpus=2, cpu="500m", memory="1Gi")) == {
-        "cpu": Decimal("0.5"), "memory": Decimal(2 ** 30), "nvidia.com/gpu": Decimal(2), "pods": Decimal(1)}
+        "cpu": Decimal("0.5"),
+        "memory": Decimal(2**30),
+        "nvidia.com/gpu": Decimal(2),
+        "pods": Decimal(1),
+    }
 
 
 def test_pods_slot_exhaustion() -> None:

@@ -26,8 +26,10 @@ def test_keys_live_under_gpuferry_io() -> None:
 
 
 def test_ownership_labels() -> None:
-    assert ownership_labels(CONSUMER_ID) == {"gpuferry.io/managed-by": "gpuferry",
-                                             "gpuferry.io/origin-cluster-id": CONSUMER_ID}
+    assert ownership_labels(CONSUMER_ID) == {
+        "gpuferry.io/managed-by": "gpuferry",
+        "gpuferry.io/origin-cluster-id": CONSUMER_ID,
+    }
     pod = consumer_pod()
     assert ownership_labels(CONSUMER_ID, pod) == {
         "gpuferry.io/managed-by": "gpuferry",
@@ -50,14 +52,19 @@ def test_is_owned_by() -> None:
 
 def test_owner_selector() -> None:
     assert owner_selector(CONSUMER_ID) == (
-        f"gpuferry.io/managed-by=gpuferry,gpuferry.io/origin-cluster-id={CONSUMER_ID}")
+        f"gpuferry.io/managed-by=gpuferry,gpuferry.io/origin-cluster-id={CONSUMER_ID}"
+    )
 
 
 def test_origin_round_trip() -> None:
     pod = consumer_pod()
     pod["metadata"]["name"] = "n" * 200  # longer than any label value: an annotation holds it
-    twin = {"metadata": {"labels": ownership_labels(CONSUMER_ID, pod),
-                         "annotations": origin_annotations(CONSUMER_ID, pod)}}
+    twin = {
+        "metadata": {
+            "labels": ownership_labels(CONSUMER_ID, pod),
+            "annotations": origin_annotations(CONSUMER_ID, pod),
+        }
+    }
     uid = "5b0e1f2c-3d4a-4b5c-8d6e-7f8091a2b3c4"
     assert origin_of(twin) == Origin(CONSUMER_ID, "ml-team", "n" * 200, uid)
 
@@ -69,5 +76,8 @@ def test_origin_of_foreign_or_incomplete_objects() -> None:
 
 def test_virtual_node_identity() -> None:
     assert virtual_node_identity("p1", "gpuferry-p1") == {
-        "type": "virtual-kubelet", "kubernetes.io/role": "agent", "gpuferry.io/provider": "p1",
-        "kubernetes.io/hostname": "gpuferry-p1"}
+        "type": "virtual-kubelet",
+        "kubernetes.io/role": "agent",
+        "gpuferry.io/provider": "p1",
+        "kubernetes.io/hostname": "gpuferry-p1",
+    }

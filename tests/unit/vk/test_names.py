@@ -57,8 +57,10 @@ def test_very_long_consumer_id_still_gives_a_valid_label() -> None:
     assert twin != twin_namespace("ml-teams", consumer)
 
 
-@pytest.mark.parametrize(("namespace", "consumer"), [("ML", "c1"), ("ml_team", "c1"), ("ml", "C1"),
-                                                       ("ml", ""), ("", "c1"), ("-ml", "c1")])
+@pytest.mark.parametrize(
+    ("namespace", "consumer"),
+    [("ML", "c1"), ("ml_team", "c1"), ("ml", "C1"), ("ml", ""), ("", "c1"), ("-ml", "c1")],
+)
 def test_invalid_inputs_raise(namespace: str, consumer: str) -> None:
     with pytest.raises(ValueError, match="DNS-1123"):
         twin_namespace(namespace, consumer)

@@ -22,8 +22,13 @@ def _required(*terms: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_node_selector_loses_identity_keys_only() -> None:
-    selector = {"type": "virtual-kubelet", "gpuferry.io/provider": PROVIDER_ID, "kubernetes.io/role": "agent",
-                "kubernetes.io/hostname": VIRTUAL_NODE, "topology.kubernetes.io/zone": "eu-1a"}
+    selector = {
+        "type": "virtual-kubelet",
+        "gpuferry.io/provider": PROVIDER_ID,
+        "kubernetes.io/role": "agent",
+        "kubernetes.io/hostname": VIRTUAL_NODE,
+        "topology.kubernetes.io/zone": "eu-1a",
+    }
     assert forge_node_selector(selector, IDENTITY) == {"topology.kubernetes.io/zone": "eu-1a"}
     assert forge_node_selector({"type": "virtual-kubelet"}, IDENTITY) is None
     assert forge_node_selector(None, IDENTITY) is None
@@ -42,15 +47,18 @@ def test_identity_expressions_removed_other_kept() -> None:
 
 
 def test_term_with_only_identity_makes_required_unconstrained() -> None:
-    affinity = _required({"matchExpressions": [_expr("type", "In", "virtual-kubelet")]},
-                         {"matchExpressions": [H100]})
+    affinity = _required(
+        {"matchExpressions": [_expr("type", "In", "virtual-kubelet")]}, {"matchExpressions": [H100]}
+    )
     assert forge_affinity(affinity, IDENTITY, VIRTUAL_NODE) is None
 
 
 def test_terms_targeting_another_provider_are_dropped() -> None:
     # ORed terms: this pod landed here through the first; the second names another provider.
-    affinity = _required({"matchExpressions": [_expr("gpuferry.io/provider", "In", PROVIDER_ID), H100]},
-                         {"matchExpressions": [_expr("gpuferry.io/provider", "In", "other")]})
+    affinity = _required(
+        {"matchExpressions": [_expr("gpuferry.io/provider", "In", PROVIDER_ID), H100]},
+        {"matchExpressions": [_expr("gpuferry.io/provider", "In", "other")]},
+    )
     assert forge_affinity(affinity, IDENTITY, VIRTUAL_NODE) == _required({"matchExpressions": [H100]})
 
 
@@ -66,7 +74,8 @@ def test_operators_are_evaluated() -> None:
         {"matchExpressions": [_expr("gpuferry.io/provider", "DoesNotExist"), _expr("zone", "In", "c")]},
     )
     assert forge_affinity(affinity, IDENTITY, VIRTUAL_NODE) == _required(
-        {"matchExpressions": [_expr("zone", "In", "b")]})
+        {"matchExpressions": [_expr("zone", "In", "b")]}
+    )
 
 
 def test_labels_changed_after_binding_still_let_the_pod_run() -> None:
@@ -75,16 +84,37 @@ def test_labels_changed_after_binding_still_let_the_pod_run() -> None:
 
 
 def test_preferred_terms_and_pod_affinity() -> None:
-    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {"app": "finetune"}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    affinity = {**anti, "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 10, "preference": {"matchExpressions": [_expr("type", "In", "virtual-kubelet")]}},
-        {"weight": 5, "preference": {"matchExpressions": [_expr(PROVIDER, "In", "other"), H100]}},
-        {"weight": 1, "preference": {"matchExpressions": [_expr("kubernetes.io/role", "In", "agent"), H100]}},
-    ]}}
-    assert forge_affinity(affinity, IDENTITY, VIRTUAL_NODE) == {**anti, "nodeAffinity": {
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 1, "preference": {"matchExpressions": [H100]}}]}}
+    anti = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "finetune"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    affinity = {
+        **anti,
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 10, "preference": {"matchExpressions": [_expr("type", "In", "virtual-kubelet")]}},
+                {"weight": 5, "preference": {"matchExpressions": [_expr(PROVIDER, "In", "other"), H100]}},
+                {
+                    "weight": 1,
+                    "preference": {"matchExpressions": [_expr("kubernetes.io/role", "In", "agent"), H100]},
+                },
+            ]
+        },
+    }
+    assert forge_affinity(affinity, IDENTITY, VIRTUAL_NODE) == {
+        **anti,
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 1, "preference": {"matchExpressions": [H100]}}
+            ]
+        },
+    }
     assert forge_affinity(None, IDENTITY, VIRTUAL_NODE) is None
     exists = _required({"matchExpressions": [_expr("type", "Exists")]})
     assert forge_affinity(exists, IDENTITY, VIRTUAL_NODE) is None
@@ -92,6 +122,34 @@ def test_preferred_terms_and_pod_affinity() -> None:
 
 def test_numeric_operators() -> None:
     identity = {**IDENTITY, "gpuferry.io/provider": "7"}
-    gt = _required({"matchExpressions": [_expr("gpuferry.io/provider", "Gt", "5"), H100]},
-                   {"matchExpressions": [_expr("gpuferry.io/provider", "Lt", "5"), _expr("zone", "In", "x")]})
+    gt = _required(
+        {"matchExpressions": [_expr("gpuferry.io/provider", "Gt", "5"), H100]},
+        {"matchExpressions": [_expr("gpuferry.io/provider", "Lt", "5"), _expr("zone", "In", "x")]},
+    )
     assert forge_affinity(gt, identity, VIRTUAL_NODE) == _required({"matchExpressions": [H100]})
+
+
+def test_virtual_only_labels_are_dropped_from_selector_and_affinity() -> None:
+    from vk.forge.placement import forge_affinity, forge_node_selector
+
+    identity = {"type": "virtual-node"}
+    selector = {"gpuferry.io/largest-gpu-block": "4", "nvidia.com/gpu.product": "H100"}
+    assert forge_node_selector(selector, identity) == {"nvidia.com/gpu.product": "H100"}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "gpuferry.io/largest-gpu-block", "operator": "Gt", "values": ["2"]},
+                            {"key": "zone", "operator": "In", "values": ["a"]},
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    forged = forge_affinity(affinity, identity, "vk-1")
+    assert forged is not None
+    terms = forged["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]

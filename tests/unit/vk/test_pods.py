@@ -48,26 +48,46 @@ def test_the_twin_of_a_realistic_pod() -> None:
             "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
             "tolerations": [
                 {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
-                 "tolerationSeconds": 300},
-            ],
-            "containers": [{
-                "name": "trainer",
-                "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                "command": ["torchrun", "train.py"],
-                "resources": {
-                    "requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "4",
-                                 "nvidia.com/mig-1g.10gb": "1", "cnvrg.io/metagpu": "50"},
-                    "limits": {"memory": "64Gi", "nvidia.com/gpu": "4", "nvidia.com/gpu.shared": "2",
-                               "nvidia.com/mig-1g.10gb": "1", "cnvrg.io/metagpu": "50"},
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
                 },
-                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                "terminationMessagePath": "/dev/termination-log",
-                "terminationMessagePolicy": "File",
-                "imagePullPolicy": "IfNotPresent",
-            }],
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                },
+            ],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "command": ["torchrun", "train.py"],
+                    "resources": {
+                        "requests": {
+                            "cpu": "8",
+                            "memory": "64Gi",
+                            "nvidia.com/gpu": "4",
+                            "nvidia.com/mig-1g.10gb": "1",
+                            "cnvrg.io/metagpu": "50",
+                        },
+                        "limits": {
+                            "memory": "64Gi",
+                            "nvidia.com/gpu": "4",
+                            "nvidia.com/gpu.shared": "2",
+                            "nvidia.com/mig-1g.10gb": "1",
+                            "cnvrg.io/metagpu": "50",
+                        },
+                    },
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}],
             "dnsPolicy": "ClusterFirst",
             "enableServiceLinks": True,
@@ -86,9 +106,14 @@ def test_resources_are_passed_verbatim_and_not_shared() -> None:
 
 
 def test_options_keep_scheduler_priority_class_and_service_account_volumes() -> None:
-    opts = ForgeOptions(consumer_cluster_id=CONSUMER_ID, provider_cluster_id=PROVIDER_ID,
-                        provider_scheduler="volcano", keep_priority_class=True,
-                        keep_service_account_volumes=True, namespace_strategy="same")
+    opts = ForgeOptions(
+        consumer_cluster_id=CONSUMER_ID,
+        provider_cluster_id=PROVIDER_ID,
+        provider_scheduler="volcano",
+        keep_priority_class=True,
+        keep_service_account_volumes=True,
+        namespace_strategy="same",
+    )
     twin = remote_pod(consumer_pod(), opts)
     spec = twin["spec"]
     assert twin["metadata"]["namespace"] == "ml-team"
@@ -102,9 +127,13 @@ def test_options_keep_scheduler_priority_class_and_service_account_volumes() -> 
 
 
 def test_dropped_spec_fields() -> None:
-    local = pod(node="gpuferry-x", readinessGates=[{"conditionType": "target-health.elbv2.k8s.aws/x"}],
-                ephemeralContainers=[{"name": "debugger", "image": "busybox"}],
-                overhead={"cpu": "250m"}, runtimeClassName="nvidia")
+    local = pod(
+        node="gpuferry-x",
+        readinessGates=[{"conditionType": "target-health.elbv2.k8s.aws/x"}],
+        ephemeralContainers=[{"name": "debugger", "image": "busybox"}],
+        overhead={"cpu": "250m"},
+        runtimeClassName="nvidia",
+    )
     spec = remote_pod(local, OPTS)["spec"]
     for field in ("nodeName", "readinessGates", "ephemeralContainers", "overhead"):
         assert field not in spec
@@ -114,10 +143,18 @@ def test_dropped_spec_fields() -> None:
 def test_only_the_api_access_volume_is_dropped() -> None:
     look_alike = {"name": "kube-api-access-mine", "configMap": {"name": "settings"}}
     projected = {"name": "tokens", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}
-    local = pod(containers=[container(volumeMounts=[{"name": "kube-api-access-mine", "mountPath": "/a"},
-                                                    {"name": "tokens", "mountPath": "/t"}])],
-                init_containers=[container("init", volumeMounts=[{"name": "tokens", "mountPath": "/t"}])],
-                volumes=[look_alike, projected])
+    local = pod(
+        containers=[
+            container(
+                volumeMounts=[
+                    {"name": "kube-api-access-mine", "mountPath": "/a"},
+                    {"name": "tokens", "mountPath": "/t"},
+                ]
+            )
+        ],
+        init_containers=[container("init", volumeMounts=[{"name": "tokens", "mountPath": "/t"}])],
+        volumes=[look_alike, projected],
+    )
     spec = remote_pod(local, OPTS)["spec"]
     assert spec["volumes"] == [look_alike, projected]
     assert len(spec["containers"][0]["volumeMounts"]) == 2
@@ -126,8 +163,11 @@ def test_only_the_api_access_volume_is_dropped() -> None:
 def test_mounts_of_the_api_access_volume_are_dropped_from_init_containers_too() -> None:
     volume = consumer_pod()["spec"]["volumes"][1]
     mount = {"name": volume["name"], "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
-    local = pod(containers=[container(volumeMounts=[mount])],
-                init_containers=[container("i", volumeMounts=[mount])], volumes=[volume])
+    local = pod(
+        containers=[container(volumeMounts=[mount])],
+        init_containers=[container("i", volumeMounts=[mount])],
+        volumes=[volume],
+    )
     spec = remote_pod(local, OPTS)["spec"]
     assert "volumes" not in spec
     assert "volumeMounts" not in spec["containers"][0] and "volumeMounts" not in spec["initContainers"][0]
@@ -188,15 +228,17 @@ def test_update_labels_and_annotations_keeps_provider_keys_and_ours() -> None:
     local["metadata"]["labels"]["gpuferry.io/origin-uid"] = "spoofed"
     local["metadata"]["annotations"] = {"note": "hi"}
     patch = remote_pod_update(local, remote, OPTS)
-    assert patch == {"metadata": {
-        "labels": {"stage": "eval", "app": None},
-        "annotations": {
-            "note": "hi",
-            "team.example.com/cost-center": None,
-            "gpuferry.io/reflected-labels": "batch.kubernetes.io/job-name,job-name,stage",
-            "gpuferry.io/reflected-annotations": "note",
-        },
-    }}
+    assert patch == {
+        "metadata": {
+            "labels": {"stage": "eval", "app": None},
+            "annotations": {
+                "note": "hi",
+                "team.example.com/cost-center": None,
+                "gpuferry.io/reflected-labels": "batch.kubernetes.io/job-name,job-name,stage",
+                "gpuferry.io/reflected-annotations": "note",
+            },
+        }
+    }
 
 
 def test_update_restores_tampered_ownership() -> None:
@@ -204,7 +246,8 @@ def test_update_restores_tampered_ownership() -> None:
     remote = _twin_as_read(local)
     remote["metadata"]["labels"]["gpuferry.io/managed-by"] = "someone"
     assert remote_pod_update(local, remote, OPTS) == {
-        "metadata": {"labels": {"gpuferry.io/managed-by": "gpuferry"}}}
+        "metadata": {"labels": {"gpuferry.io/managed-by": "gpuferry"}}
+    }
 
 
 def test_update_never_unsets_the_deadline_or_removes_tolerations() -> None:

@@ -37,12 +37,25 @@ def running_twin() -> dict[str, Any]:
             "podIP": "10.244.3.7",
             "podIPs": [{"ip": "10.244.3.7"}, {"ip": "fd00::7"}],
             "startTime": "2024-06-01T10:00:03Z",
-            "initContainerStatuses": [{"name": "fetch", "ready": True, "restartCount": 0,
-                                       "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}],
-            "containerStatuses": [{"name": "main", "ready": True, "restartCount": 1, "started": True,
-                                   "image": "nvcr.io/nvidia/pytorch:24.05-py3",
-                                   "containerID": "containerd://abc",
-                                   "state": {"running": {"startedAt": "2024-06-01T10:00:08Z"}}}],
+            "initContainerStatuses": [
+                {
+                    "name": "fetch",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                }
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 1,
+                    "started": True,
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "containerID": "containerd://abc",
+                    "state": {"running": {"startedAt": "2024-06-01T10:00:08Z"}},
+                }
+            ],
             "qosClass": "Burstable",
         },
     }
@@ -100,16 +113,24 @@ def test_local_status_does_not_share_structures_with_the_twin() -> None:
 
 def test_pending_twin_without_address_has_no_ips() -> None:
     status = local_status(pending_twin(None), remap_ip=_remap, host_ip=HOST)
-    assert status == {"phase": "Pending", "qosClass": "BestEffort",
-                      "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    assert status == {
+        "phase": "Pending",
+        "qosClass": "BestEffort",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+    }
 
 
 def test_unschedulable_twin_explained_on_the_consumer() -> None:
-    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                 "message": UNSCHEDULABLE}
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": UNSCHEDULABLE,
+    }
     twin = pending_twin(condition)
     assert pending_explanation(twin) == Explanation(
-        "ProviderUnschedulable", f"provider scheduler: {UNSCHEDULABLE}")
+        "ProviderUnschedulable", f"provider scheduler: {UNSCHEDULABLE}"
+    )
     scheduled = {"type": "PodScheduled", "status": "True"}
     status = local_status(twin, remap_ip=str, host_ip=HOST, local=consumer([scheduled]))
     assert status["reason"] == "ProviderUnschedulable"
@@ -118,33 +139,58 @@ def test_unschedulable_twin_explained_on_the_consumer() -> None:
 
 
 def test_gated_twin() -> None:
-    twin = pending_twin({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
-                         "message": "Scheduling is blocked due to non-empty scheduling gates"})
+    twin = pending_twin(
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates",
+        }
+    )
     assert pending_explanation(twin) == Explanation(
         "ProviderSchedulingGated",
-        "provider scheduler: Scheduling is blocked due to non-empty scheduling gates")
+        "provider scheduler: Scheduling is blocked due to non-empty scheduling gates",
+    )
 
 
 def test_events_explain_when_no_condition_does() -> None:
     events = [
-        {"reason": "FailedMount", "message": "MountVolume.SetUp failed: configmap \"cfg\" not found",
-         "involvedObject": {"uid": "twin-uid"}, "lastTimestamp": "2024-06-01T10:00:05Z"},
-        {"reason": "FailedMount", "message": "older", "involvedObject": {"uid": "twin-uid"},
-         "lastTimestamp": "2024-06-01T10:00:01Z"},
-        {"reason": "FailedScheduling", "message": "about another pod", "involvedObject": {"uid": "other"},
-         "lastTimestamp": "2024-06-01T10:00:09Z"},
-        {"reason": "Pulled", "message": "irrelevant", "involvedObject": {"uid": "twin-uid"},
-         "lastTimestamp": "2024-06-01T10:00:10Z"},
+        {
+            "reason": "FailedMount",
+            "message": 'MountVolume.SetUp failed: configmap "cfg" not found',
+            "involvedObject": {"uid": "twin-uid"},
+            "lastTimestamp": "2024-06-01T10:00:05Z",
+        },
+        {
+            "reason": "FailedMount",
+            "message": "older",
+            "involvedObject": {"uid": "twin-uid"},
+            "lastTimestamp": "2024-06-01T10:00:01Z",
+        },
+        {
+            "reason": "FailedScheduling",
+            "message": "about another pod",
+            "involvedObject": {"uid": "other"},
+            "lastTimestamp": "2024-06-01T10:00:09Z",
+        },
+        {
+            "reason": "Pulled",
+            "message": "irrelevant",
+            "involvedObject": {"uid": "twin-uid"},
+            "lastTimestamp": "2024-06-01T10:00:10Z",
+        },
     ]
     assert pending_explanation(pending_twin(None), events) == Explanation(
-        "ProviderFailedMount", "provider kubelet: MountVolume.SetUp failed: configmap \"cfg\" not found")
+        "ProviderFailedMount", 'provider kubelet: MountVolume.SetUp failed: configmap "cfg" not found'
+    )
     assert pending_explanation(pending_twin(None), []) is None
     assert pending_explanation(running_twin(), events) is None
 
 
 def test_long_messages_are_shortened() -> None:
-    twin = pending_twin({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                         "message": "x" * 5000})
+    twin = pending_twin(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x" * 5000}
+    )
     explanation = pending_explanation(twin)
     assert explanation is not None and len(explanation.message) == 1024
 
@@ -154,8 +200,14 @@ def test_status_patch() -> None:
     assert status_patch(new, new) is None and not status_patch_needed(new, new)
     reordered = {**new, "conditions": list(reversed(new["conditions"]))}
     assert not status_patch_needed(reordered, new), "condition order carries no meaning"
-    pending = {"phase": "Pending", "reason": "ProviderUnschedulable", "message": "m", "qosClass": "Burstable",
-               "conditions": [{"type": "PodScheduled", "status": "True"}], "nominatedNodeName": "x"}
+    pending = {
+        "phase": "Pending",
+        "reason": "ProviderUnschedulable",
+        "message": "m",
+        "qosClass": "Burstable",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "nominatedNodeName": "x",
+    }
     patch = status_patch(pending, new)
     assert patch is not None
     assert patch["status"]["reason"] is None and patch["status"]["message"] is None
