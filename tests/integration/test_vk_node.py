@@ -1,0 +1,364 @@
+"""The virtual Node on the real clusters: registration, GPU labels, the largest block, the Lease,
+readiness as the consumer's node lifecycle controller sees it, and a provider outage.
+
+The shared provider API server is never stopped: the outage goes through a TCP relay of the
+test's own (TLS passes through it untouched; the server's certificate names 127.0.0.1), which
+the test closes and reopens on the same port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from hack.localcluster import LocalCluster
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import LEASES, NODES, PODS, RawObject
+from vk.forge.fit import largest_blocks
+from vk.forge.node import LARGEST_BLOCK_ANNOTATION, LARGEST_GPU_BLOCK_LABEL, node_shape
+from vk.node.controller import NodeController
+from vk.node.lease import LEASE_NAMESPACE
+from vk.settings import VirtualKubeletSettings
+
+from .conftest import NamespaceFactory
+from .waiting import condition, wait_for, wait_for_deletion
+
+pytestmark = pytest.mark.integration
+
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+GRANT = {
+    "nvidia.com/gpu": "8",
+    "cpu": "96",
+    "memory": "1Ti",
+    "pods": "110",
+    "nvidia.com/mig-1g.10gb": "7",
+    "cnvrg.io/metagpu": "400",
+}
+LIFECYCLE = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def make_settings(
+    consumer: LocalCluster, provider_kubeconfig: Path, **overrides: Any
+) -> VirtualKubeletSettings:
+    suffix = uuid.uuid4().hex[:6]
+    values: dict[str, Any] = {
+        "consumer_kubeconfig": consumer.spec.kubeconfig,
+        "provider_kubeconfig": provider_kubeconfig,
+        "consumer_cluster_id": f"cons-{suffix}",
+        "provider_cluster_id": f"nodetest-{suffix}",
+        "resources": GRANT,
+        "provider_node_selector": H100,
+        "heartbeat_seconds": 1.0,
+        "status_seconds": 5.0,
+        "provider_probe_seconds": 0.5,
+    }
+    values.update(overrides)
+    return VirtualKubeletSettings(**values)
+
+
+@contextlib.asynccontextmanager
+async def running(settings: VirtualKubeletSettings, *, cleanup: bool = True) -> AsyncIterator[NodeController]:
+    """A NodeController running as a task; the Node and its Lease are deleted afterwards."""
+    consumer = KubeClient.from_kubeconfig(settings.consumer_kubeconfig or "")
+    provider = KubeClient.from_kubeconfig(settings.provider_kubeconfig)
+    async with consumer, provider:
+        controller = NodeController(consumer=consumer, provider=provider, settings=settings)
+        task = asyncio.create_task(controller.run(), name=f"node {settings.effective_node_name}")
+        try:
+            yield controller
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if cleanup:
+                with contextlib.suppress(NotFound):
+                    await consumer.delete(NODES, settings.effective_node_name)
+                with contextlib.suppress(NotFound):
+                    await consumer.delete(LEASES, settings.effective_node_name, LEASE_NAMESPACE)
+
+
+def ready(node: RawObject) -> dict[str, Any]:
+    return condition(node, "Ready") or {}
+
+
+def lifecycle_taints(node: RawObject) -> list[dict[str, Any]]:
+    return [t for t in (node.get("spec") or {}).get("taints") or [] if t["key"] in LIFECYCLE]
+
+
+def schedulable(node: RawObject) -> bool:
+    """Ready, and the node lifecycle controller has lifted its not-ready taint."""
+    return ready(node).get("status") == "True" and not lifecycle_taints(node)
+
+
+def label(name: str, value: str | None) -> Callable[[RawObject], bool]:
+    return lambda node: (node["metadata"].get("labels") or {}).get(name) == value
+
+
+def renew_time(lease: RawObject) -> datetime:
+    return datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+
+
+async def expected_gpu_block(provider_client: KubeClient, selector: dict[str, str]) -> str:
+    nodes = (await provider_client.list(NODES))["items"]
+    pods = (await provider_client.list(PODS))["items"]
+    return node_shape(largest_blocks(nodes, pods, selector=selector), GRANT)["nvidia.com/gpu"]
+
+
+async def test_node_registers_ready_with_grant_labels_block_and_lease(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, provider_client: KubeClient
+) -> None:
+    settings = make_settings(consumer, provider.spec.kubeconfig)
+    name = settings.effective_node_name
+    async with running(settings, cleanup=False):  # the second run below adopts the Node
+        node = await wait_for(consumer_client, NODES, name, schedulable, timeout=60)
+        assert node["status"]["capacity"] == GRANT
+        assert node["status"]["allocatable"] == GRANT
+        labels = node["metadata"]["labels"]
+        assert labels["type"] == "virtual-kubelet"
+        assert labels["kubernetes.io/role"] == "agent"
+        assert labels["kubernetes.io/hostname"] == name
+        assert labels["gpuferry.io/provider"] == settings.provider_cluster_id
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert labels["nvidia.com/gpu.family"] == "hopper"
+        assert labels["nvidia.com/gpu.memory"] == "81559"
+        assert labels["nvidia.com/gpu.compute.major"] == "9"
+        assert labels["nvidia.com/mig.capable"] == "true"
+        assert labels["nvidia.com/gpu.count"] == "8"
+        assert "nvidia.com/gpu.present" not in labels
+        assert {"key": "virtual-node.gpuferry.io/not-allowed", "value": "true", "effect": "NoExecute"} in [
+            {k: t.get(k) for k in ("key", "value", "effect")} for t in node["spec"]["taints"]
+        ]
+        assert ready(node)["reason"] == "ProviderReachable"
+        assert (condition(node, "ProviderReachable") or {}).get("status") == "True"
+        info = node["status"]["nodeInfo"]
+        assert info["kubeletVersion"].startswith("v1.") and info["kubeletVersion"].endswith("-gpuferry")
+        assert info["containerRuntimeVersion"] == "gpuferry://0.1.0"
+        assert node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"] == settings.kubelet_port
+        assert {"type": "InternalIP", "address": settings.node_address} in node["status"]["addresses"]
+
+        # the largest block: what the provider's own listing says one H100 node has free
+        block = await expected_gpu_block(provider_client, H100)
+        node = await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, block))
+        shape = orjson.loads(node["metadata"]["annotations"][LARGEST_BLOCK_ANNOTATION])
+        assert shape["nvidia.com/gpu"] == block
+        assert shape["cnvrg.io/metagpu"] == "0"  # granted, but no provider node has any
+        assert set(shape) == set(GRANT)
+
+        # the Lease: held by the node, owned by it, renewed every heartbeat
+        lease = await consumer_client.get(LEASES, name, LEASE_NAMESPACE)
+        assert lease["spec"]["holderIdentity"] == name
+        assert lease["spec"]["leaseDurationSeconds"] == 40
+        assert lease["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+        first = renew_time(lease)
+        renewed = await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > first,
+                                 namespace=LEASE_NAMESPACE, timeout=10)
+        assert renewed["spec"]["holderIdentity"] == name
+
+    # a restart adopts the same Node: same UID, still Ready, Lease renewed again
+    uid = node["metadata"]["uid"]
+    async with running(settings):
+        later = renew_time(await consumer_client.get(LEASES, name, LEASE_NAMESPACE))
+        await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > later,
+                       namespace=LEASE_NAMESPACE, timeout=15)
+        node = await wait_for(consumer_client, NODES, name, schedulable, timeout=30)
+        assert node["metadata"]["uid"] == uid
+    await wait_for_deletion(consumer_client, NODES, name, None, timeout=30)
+    # the Lease goes with its Node (deleted here, and owned by the Node anyway)
+    await wait_for_deletion(consumer_client, LEASES, name, LEASE_NAMESPACE, timeout=30)
+
+
+async def test_no_product_label_when_products_differ(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient
+) -> None:
+    settings = make_settings(consumer, provider.spec.kubeconfig, provider_node_selector={})
+    async with running(settings):
+        node = await wait_for(consumer_client, NODES, settings.effective_node_name,
+                              lambda n: ready(n).get("status") == "True", timeout=60)
+        labels = node["metadata"]["labels"]
+        assert "nvidia.com/gpu.product" not in labels  # H100 and L4
+        assert "nvidia.com/gpu.family" not in labels
+        assert "nvidia.com/mig.capable" not in labels
+        assert labels["nvidia.com/cuda.driver-version.major"] == "580"  # the same everywhere
+        assert labels["nvidia.com/gpu.count"] == "8"
+
+
+async def test_largest_block_follows_the_pods_on_the_provider(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    # one provider node, so that a pod placed there moves the block (whatever else runs elsewhere)
+    target = "gpu-h100-3"
+    selector = {**H100, "kubernetes.io/hostname": target}
+    settings = make_settings(consumer, provider.spec.kubeconfig, provider_node_selector=selector)
+    name = settings.effective_node_name
+    namespace = await make_namespace(provider_client)
+    async with running(settings) as controller:
+        before = await expected_gpu_block(provider_client, selector)
+        await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, before), timeout=60)
+        taken = min(6, int(before))
+        assert taken > 0, f"{target} has no free GPU: another test left pods there"
+        pod: RawObject = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "takes-gpus", "namespace": namespace},
+            "spec": {
+                "nodeName": target,
+                "containers": [{
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                    "resources": {"limits": {"nvidia.com/gpu": str(taken)}, "requests": {"cpu": "100m"}},
+                }],
+            },
+        }
+        await provider_client.create(PODS, pod, namespace)
+        after = str(int(before) - taken)
+        await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, after), timeout=15)
+        assert controller.largest_block == int(after)
+        # the oracle the pod reflector asks: one more GPU than is left does not fit
+        too_big: RawObject = {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(int(after) + 1)}}}
+        ]}}
+        result = controller.fit(too_big)
+        assert result is not None and not result.ok
+        assert result.reason == "ExceedsLargestBlock"
+        assert f"largest free block on any provider node is {after}" in result.message
+        if int(after) > 0:
+            fits = controller.fit({"spec": {"containers": [
+                {"name": "c", "resources": {"limits": {"nvidia.com/gpu": after}}}
+            ]}})
+            assert fits is not None and fits.ok and fits.node == target
+
+        await provider_client.delete(PODS, "takes-gpus", namespace, grace_period_seconds=0)
+        await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, before), timeout=30)
+
+
+class Relay:
+    """A TCP relay to the provider API server that the test can cut and restore."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self.writers |= {writer, up_writer}
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            self.writers -= {writer, up_writer}
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Refuse new connections and cut the open ones (watches included)."""
+        if self.server is not None:
+            self.server.close()
+            for writer in list(self.writers):
+                writer.transport.abort()
+            await self.server.wait_closed()
+            self.server = None
+
+
+def kubeconfig_via(original: Path, server: str, directory: Path) -> Path:
+    config = yaml.safe_load(original.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = server
+        for key in ("certificate-authority",):
+            if key in cluster["cluster"]:
+                cluster["cluster"][key] = str(original.parent / cluster["cluster"][key])
+    for user in config.get("users") or []:
+        for key in ("client-certificate", "client-key"):
+            if key in user["user"]:
+                user["user"][key] = str(original.parent / user["user"][key])
+    path = directory / "provider.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def test_unreachable_provider_makes_the_node_not_ready_and_keeps_the_lease(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, tmp_path: Path
+) -> None:
+    bad = kubeconfig_via(provider.spec.kubeconfig, "https://127.0.0.1:1", tmp_path)
+    settings = make_settings(consumer, bad)
+    name = settings.effective_node_name
+    async with running(settings) as controller:
+        node = await wait_for(consumer_client, NODES, name,
+                              lambda n: ready(n).get("reason") == "ProviderUnreachable", timeout=60)
+        assert ready(node)["status"] == "False"
+        assert "/readyz" in ready(node)["message"]
+        assert (condition(node, "ProviderReachable") or {}).get("status") == "False"
+        assert node["status"]["capacity"] == GRANT
+        assert controller.fit({"spec": {"containers": []}}) is None  # nothing known: no gate
+        # the virtual kubelet is alive: the Lease is renewed all along
+        lease = await wait_for(consumer_client, LEASES, name, lambda _: True, namespace=LEASE_NAMESPACE)
+        first = renew_time(lease)
+        await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > first,
+                       namespace=LEASE_NAMESPACE, timeout=10)
+        # so the node lifecycle controller says not-ready, never unreachable
+        node = await consumer_client.get(NODES, name)
+        assert all(t["key"] != "node.kubernetes.io/unreachable" for t in node["spec"].get("taints") or [])
+        assert ready(node)["status"] == "False"
+
+
+async def test_provider_outage_and_return(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, tmp_path: Path
+) -> None:
+    relay = Relay(provider.spec.ports.apiserver)
+    await relay.start()
+    try:
+        via = kubeconfig_via(provider.spec.kubeconfig, f"https://127.0.0.1:{relay.port}", tmp_path)
+        settings = make_settings(consumer, via)
+        name = settings.effective_node_name
+        async with running(settings):
+            await wait_for(consumer_client, NODES, name, schedulable, timeout=60)
+
+            await relay.stop()
+            node = await wait_for(consumer_client, NODES, name,
+                                  lambda n: ready(n).get("reason") == "ProviderUnreachable", timeout=20)
+            assert ready(node)["status"] == "False"
+            # Ready=False posted by a live node: the lifecycle controller taints it not-ready
+            # (NoExecute: pods tolerate it 300 s by default), never unreachable
+            node = await wait_for(
+                consumer_client, NODES, name,
+                lambda n: any(t["key"] == "node.kubernetes.io/not-ready" and t["effect"] == "NoExecute"
+                              for t in n["spec"].get("taints") or []),
+                timeout=45,
+            )
+            assert all(t["key"] != "node.kubernetes.io/unreachable" for t in node["spec"]["taints"])
+            first = renew_time(await consumer_client.get(LEASES, name, LEASE_NAMESPACE))
+            await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > first,
+                           namespace=LEASE_NAMESPACE, timeout=10)
+
+            await relay.start()  # the same port again
+            node = await wait_for(consumer_client, NODES, name, schedulable, timeout=45)
+            assert ready(node)["reason"] == "ProviderReachable"
+    finally:
+        await relay.stop()

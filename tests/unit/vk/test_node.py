@@ -1,0 +1,497 @@
+"""The virtual Node builder: labels, taint, capacity, shape, conditions and the patches."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from kube.clients import KubeClient
+from kube.kubeconfigs import Connection
+from kube.objects import ObjectKey
+from kube.settings import WatchSettings
+from kube.watching import Listed, WatchEvent
+from vk.forge.fit import largest_blocks
+from vk.forge.node import (
+    GPU_COUNT_LABEL,
+    LARGEST_BLOCK_ANNOTATION,
+    LARGEST_GPU_BLOCK_LABEL,
+    MANAGED_LABELS_ANNOTATION,
+    kubelet_version,
+    node_conditions,
+    node_metadata_patch,
+    node_shape,
+    node_status_patch,
+    provider_gpu_labels,
+    uniform_gpu_labels,
+    virtual_node,
+)
+from vk.node.provider import ProviderView, identity_keys
+
+from .builders import PROVIDER_ID, VIRTUAL_NODE, gpu_pod, node
+
+H100 = {
+    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    "nvidia.com/gpu.memory": "81559",
+    "nvidia.com/gpu.family": "hopper",
+    "nvidia.com/gpu.compute.major": "9",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver-version.major": "580",
+    "nvidia.com/cuda.runtime-version.major": "13",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.machine": "H100-SXM5-80GB",
+    "nvidia.com/gpu.count": "8",
+    "topology.kubernetes.io/zone": "eu-west-1a",
+}
+L4 = {
+    **H100,
+    "nvidia.com/gpu.product": "NVIDIA-L4",
+    "nvidia.com/gpu.memory": "23034",
+    "nvidia.com/gpu.family": "ada-lovelace",
+    "nvidia.com/gpu.compute.minor": "9",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/mig.capable": "false",
+    "nvidia.com/gpu.count": "2",
+}
+GRANT = {
+    "nvidia.com/gpu": "8",
+    "cpu": "64",
+    "memory": "512Gi",
+    "pods": "110",
+    "nvidia.com/mig-1g.10gb": "14",
+    "nvidia.com/gpu.shared": "16",
+    "cnvrg.io/metagpu": "800",
+}
+SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+NOW = "2024-06-01T10:00:00Z"
+LATER = "2024-06-01T10:05:00Z"
+
+
+def fleet() -> list[dict[str, Any]]:
+    return [
+        node("h100-0", labels=H100),
+        node("h100-1", labels=H100),
+        node("l4-0", gpus=2, labels=L4),
+        node("cpu-0", gpus=0, labels={"nvidia.com/gpu.product": ""}),
+    ]
+
+
+def build(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "name": VIRTUAL_NODE,
+        "provider_id": PROVIDER_ID,
+        "resources": GRANT,
+        "node_address": "10.0.0.7",
+        "kubelet_port": 10250,
+        "provider_labels": provider_gpu_labels(fleet(), SELECTOR, GRANT),
+        "shape": node_shape({"nvidia.com/gpu": Decimal(2), "cpu": Decimal(30)}, GRANT),
+        "conditions": node_conditions(provider_reachable=True),
+        "now": NOW,
+    }
+    args.update(overrides)
+    return virtual_node(**args)
+
+
+def by_type(built: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in built["status"]["conditions"]}
+
+
+# ---- GPU labels ------------------------------------------------------------------------------
+
+
+def test_uniform_gfd_labels_are_copied_for_the_selected_product() -> None:
+    labels = uniform_gpu_labels(fleet(), SELECTOR)
+    assert labels == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/cuda.driver-version.major": "580",
+        "nvidia.com/cuda.runtime-version.major": "13",
+        "nvidia.com/mig.capable": "true",
+    }
+
+
+def test_labels_that_differ_are_not_copied() -> None:
+    labels = uniform_gpu_labels(fleet(), {})
+    # the CPU node has no GPUs and does not count; H100 and L4 differ on these
+    for key in ("nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu.family",
+                "nvidia.com/gpu.compute.major", "nvidia.com/mig.capable"):
+        assert key not in labels
+    # what is the same on every GPU node stays
+    assert labels["nvidia.com/cuda.driver-version.major"] == "580"
+
+
+def test_gpu_present_machine_and_other_labels_are_never_copied() -> None:
+    labels = uniform_gpu_labels(fleet(), SELECTOR)
+    assert "nvidia.com/gpu.present" not in labels  # GPU-operator DaemonSets select on it
+    assert "nvidia.com/gpu.machine" not in labels
+    assert "topology.kubernetes.io/zone" not in labels
+    assert GPU_COUNT_LABEL not in labels
+
+
+def test_no_gpu_node_selected_means_no_gpu_labels() -> None:
+    assert uniform_gpu_labels(fleet(), {"nvidia.com/gpu.product": "NVIDIA-B200"}) == {}
+    assert provider_gpu_labels(fleet(), {"nvidia.com/gpu.product": "NVIDIA-B200"}, GRANT) == {}
+
+
+def test_gpu_count_is_the_largest_node_capped_by_the_grant() -> None:
+    assert provider_gpu_labels(fleet(), SELECTOR, GRANT)[GPU_COUNT_LABEL] == "8"
+    l4 = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert provider_gpu_labels(fleet(), l4, GRANT)[GPU_COUNT_LABEL] == "2"
+    assert provider_gpu_labels(fleet(), SELECTOR, {**GRANT, "nvidia.com/gpu": "4"})[GPU_COUNT_LABEL] == "4"
+    assert GPU_COUNT_LABEL not in provider_gpu_labels(fleet(), SELECTOR, {"cpu": "4"})
+
+
+# ---- the Node --------------------------------------------------------------------------------
+
+
+def test_identity_labels_and_copied_labels() -> None:
+    labels = build(extra_labels={"team": "ml"})["metadata"]["labels"]
+    assert labels["type"] == "virtual-kubelet"
+    assert labels["kubernetes.io/role"] == "agent"
+    assert labels["kubernetes.io/hostname"] == VIRTUAL_NODE
+    assert labels["kubernetes.io/os"] == "linux"
+    assert labels["kubernetes.io/arch"] == "amd64"
+    assert labels["gpuferry.io/provider"] == PROVIDER_ID
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels[GPU_COUNT_LABEL] == "8"
+    assert labels["team"] == "ml"
+
+
+def test_extra_labels_cannot_override_identity() -> None:
+    labels = build(extra_labels={"type": "other", "kubernetes.io/hostname": "x"})["metadata"]["labels"]
+    assert labels["type"] == "virtual-kubelet"
+    assert labels["kubernetes.io/hostname"] == VIRTUAL_NODE
+
+
+def test_taint() -> None:
+    assert build()["spec"]["taints"] == [
+        {"key": "virtual-node.gpuferry.io/not-allowed", "value": "true", "effect": "NoExecute"}
+    ]
+
+
+def test_capacity_and_allocatable_are_the_grant_verbatim() -> None:
+    status = build()["status"]
+    assert status["capacity"] == GRANT
+    assert status["allocatable"] == GRANT
+    assert status["capacity"]["nvidia.com/mig-1g.10gb"] == "14"
+    assert status["capacity"]["cnvrg.io/metagpu"] == "800"
+    assert status["capacity"] is not status["allocatable"]
+
+
+def test_largest_block_annotation_and_label() -> None:
+    built = build()
+    shape = orjson.loads(built["metadata"]["annotations"][LARGEST_BLOCK_ANNOTATION])
+    assert shape["nvidia.com/gpu"] == "2"
+    assert shape["cpu"] == "30"
+    # granted, but no provider node has any free: 0, not missing
+    assert shape["cnvrg.io/metagpu"] == "0"
+    assert shape["nvidia.com/mig-1g.10gb"] == "0"
+    assert set(shape) == set(GRANT)
+    assert built["metadata"]["labels"][LARGEST_GPU_BLOCK_LABEL] == "2"
+
+
+def test_shape_is_capped_by_the_grant_and_never_negative() -> None:
+    shape = node_shape({"nvidia.com/gpu": Decimal(8), "cpu": Decimal(-3), "memory": Decimal(2**40)},
+                       {"nvidia.com/gpu": "4", "cpu": "16", "memory": "64Gi"})
+    assert shape == {"nvidia.com/gpu": "4", "cpu": "0", "memory": "64Gi"}
+
+
+def test_shape_from_fit_four_nodes_with_two_free_each() -> None:
+    nodes = [node(f"n{i}") for i in range(4)]
+    pods = [gpu_pod(f"p{i}", f"n{i}", gpus=6) for i in range(4)]
+    shape = node_shape(largest_blocks(nodes, pods), {"nvidia.com/gpu": "8"})
+    assert shape == {"nvidia.com/gpu": "2"}
+
+
+def test_managed_labels_annotation_lists_every_label_set() -> None:
+    built = build()
+    managed = set(built["metadata"]["annotations"][MANAGED_LABELS_ANNOTATION].split(","))
+    assert managed == set(built["metadata"]["labels"])
+
+
+def test_addresses_endpoint_and_node_info() -> None:
+    status = build(version=kubelet_version("v1.36.4"), boot_id="b00t")["status"]
+    assert status["addresses"] == [
+        {"type": "InternalIP", "address": "10.0.0.7"},
+        {"type": "Hostname", "address": VIRTUAL_NODE},
+    ]
+    assert status["daemonEndpoints"] == {"kubeletEndpoint": {"Port": 10250}}
+    info = status["nodeInfo"]
+    assert info["kubeletVersion"] == "v1.36.4-gpuferry"
+    assert info["operatingSystem"] == "linux"
+    assert info["architecture"] == "amd64"
+    assert info["containerRuntimeVersion"] == "gpuferry://0.1.0"
+    assert info["bootID"] == "b00t"
+    assert info["machineID"] and info["systemUUID"]
+    # stable across restarts
+    assert build()["status"]["nodeInfo"]["systemUUID"] == info["systemUUID"]
+
+
+def test_kubelet_version() -> None:
+    assert kubelet_version("v1.36.4") == "v1.36.4-gpuferry"
+    assert kubelet_version("v1.33.1+k3s1") == "v1.33.1-gpuferry"
+    assert kubelet_version("v1.34.0-rc.1") == "v1.34.0-gpuferry"
+    assert kubelet_version("") == "v1.36.4-gpuferry"
+    assert kubelet_version("weird") == "v1.36.4-gpuferry"
+
+
+# ---- conditions ------------------------------------------------------------------------------
+
+
+def test_conditions_when_the_provider_answers() -> None:
+    conditions = by_type(build())
+    assert set(conditions) == {
+        "Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable", "ProviderReachable"
+    }
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Ready"]["reason"] == "ProviderReachable"
+    assert conditions["ProviderReachable"]["status"] == "True"
+    for pressure in ("MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"):
+        assert conditions[pressure]["status"] == "False"
+    assert all(c["lastHeartbeatTime"] == NOW and c["lastTransitionTime"] == NOW for c in conditions.values())
+
+
+def test_conditions_when_the_provider_is_unreachable() -> None:
+    built = build(conditions=node_conditions(provider_reachable=False, provider_error="connection refused"))
+    conditions = by_type(built)
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["Ready"]["reason"] == "ProviderUnreachable"
+    assert "connection refused" in conditions["Ready"]["message"]
+    assert conditions["ProviderReachable"]["status"] == "False"
+
+
+def test_not_probed_yet_is_not_ready() -> None:
+    conditions = by_type(build(conditions=node_conditions(provider_reachable=None)))
+    assert conditions["Ready"]["status"] == "False"
+    assert conditions["ProviderReachable"]["status"] == "Unknown"
+
+
+def test_transition_time_kept_while_the_status_stays() -> None:
+    first = build()
+    again = build(now=LATER, previous_conditions=first["status"]["conditions"])
+    ready = by_type(again)["Ready"]
+    assert ready["lastTransitionTime"] == NOW
+    assert ready["lastHeartbeatTime"] == LATER
+    down = build(now=LATER, previous_conditions=first["status"]["conditions"],
+                 conditions=node_conditions(provider_reachable=False, provider_error="x"))
+    assert by_type(down)["Ready"]["lastTransitionTime"] == LATER
+    assert by_type(down)["MemoryPressure"]["lastTransitionTime"] == NOW
+
+
+# ---- patches ---------------------------------------------------------------------------------
+
+
+def server_side(built: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    """``built`` as the API server returns it: with a resourceVersion, uid and others' taints."""
+    out = orjson.loads(orjson.dumps(built))
+    out["metadata"].update({"resourceVersion": "42", "uid": "u-1", **metadata})
+    return dict(out)
+
+
+def test_no_patch_when_nothing_changed() -> None:
+    current = server_side(build())
+    later = build(now=LATER, previous_conditions=current["status"]["conditions"])
+    assert node_metadata_patch(current, later) is None
+    assert node_status_patch(current, later) is None
+
+
+def test_heartbeat_sends_the_conditions_only() -> None:
+    current = server_side(build())
+    later = build(now=LATER, previous_conditions=current["status"]["conditions"])
+    patch = node_status_patch(current, later, heartbeat=True)
+    assert patch is not None
+    assert set(patch["status"]) == {"conditions"}
+    assert {c["lastHeartbeatTime"] for c in patch["status"]["conditions"]} == {LATER}
+
+
+def test_status_patch_on_readiness_change() -> None:
+    current = server_side(build())
+    down = build(now=LATER, previous_conditions=current["status"]["conditions"],
+                 conditions=node_conditions(provider_reachable=False, provider_error="refused"))
+    patch = node_status_patch(current, down)
+    assert patch is not None
+    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ProviderUnreachable")
+
+
+def test_status_patch_after_the_lifecycle_controller_set_unknown() -> None:
+    current = server_side(build())
+    for cond in current["status"]["conditions"]:
+        cond.update(status="Unknown", reason="NodeStatusUnknown",
+                    message="Kubelet stopped posting node status.")
+    patch = node_status_patch(current, build(now=LATER, previous_conditions=current["status"]["conditions"]))
+    assert patch is not None
+    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert ready["lastTransitionTime"] == LATER
+
+
+def test_status_patch_removes_a_resource_no_longer_granted() -> None:
+    current = server_side(build())
+    smaller = {k: v for k, v in GRANT.items() if k != "cnvrg.io/metagpu"} | {"nvidia.com/gpu": "4"}
+    desired = build(resources=smaller, previous_conditions=current["status"]["conditions"])
+    patch = node_status_patch(current, desired)
+    assert patch is not None
+    assert patch["status"]["capacity"] == {"nvidia.com/gpu": "4", "cnvrg.io/metagpu": None}
+    assert patch["status"]["allocatable"] == {"nvidia.com/gpu": "4", "cnvrg.io/metagpu": None}
+    assert "conditions" not in patch["status"]
+
+
+def test_metadata_patch_updates_block_and_removes_labels_no_longer_uniform() -> None:
+    current = server_side(build())
+    current["metadata"]["labels"]["owner"] = "someone-else"  # kubectl label: kept
+    desired = build(provider_labels=provider_gpu_labels(fleet(), {}, GRANT),
+                    shape=node_shape({"nvidia.com/gpu": Decimal(1)}, GRANT))
+    patch = node_metadata_patch(current, desired)
+    assert patch is not None
+    labels = patch["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] is None
+    assert labels["nvidia.com/gpu.family"] is None
+    assert labels[LARGEST_GPU_BLOCK_LABEL] == "1"
+    assert "owner" not in labels
+    assert "nvidia.com/cuda.driver-version.major" not in labels  # unchanged
+    shape = orjson.loads(patch["metadata"]["annotations"][LARGEST_BLOCK_ANNOTATION])
+    assert shape["nvidia.com/gpu"] == "1"
+    assert "spec" not in patch
+    assert "resourceVersion" not in patch["metadata"]
+
+
+def test_metadata_patch_keeps_lifecycle_taints_and_restores_ours() -> None:
+    not_ready = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    current = server_side(build())
+    current["spec"]["taints"] = [not_ready]
+    patch = node_metadata_patch(current, build())
+    assert patch is not None
+    assert patch["spec"]["taints"] == [
+        not_ready,
+        {"key": "virtual-node.gpuferry.io/not-allowed", "value": "true", "effect": "NoExecute"},
+    ]
+    assert patch["metadata"]["resourceVersion"] == "42"
+    # with our taint in place (and a timeAdded from the server), no taint change
+    current["spec"]["taints"] = [not_ready, {**patch["spec"]["taints"][1], "timeAdded": NOW}]
+    assert node_metadata_patch(current, build()) is None
+
+
+def test_adopting_a_foreign_node_of_the_same_name() -> None:
+    current = {"metadata": {"name": VIRTUAL_NODE, "resourceVersion": "7", "labels": {"x": "y"}},
+               "spec": {}, "status": {}}
+    patch = node_metadata_patch(current, build())
+    assert patch is not None
+    assert patch["metadata"]["labels"]["type"] == "virtual-kubelet"
+    assert "x" not in patch["metadata"]["labels"]
+    status = node_status_patch(current, build())
+    assert status is not None
+    assert status["status"]["capacity"] == GRANT
+    assert {c["type"] for c in status["status"]["conditions"]} >= {"Ready", "ProviderReachable"}
+
+
+# ---- the provider view (fed by hand: no watch, no I/O) --------------------------------------
+
+
+def make_view(selector: dict[str, str] | None = None) -> tuple[ProviderView, list[int]]:
+    changes: list[int] = []
+    view = ProviderView(
+        provider=KubeClient(Connection(server="https://127.0.0.1:1")),
+        selector=selector or {},
+        settings=WatchSettings(),
+        on_change=lambda: changes.append(1),
+        ignored_selector_keys=identity_keys(PROVIDER_ID, VIRTUAL_NODE),
+    )
+    return view, changes
+
+
+def listed(*objects: dict[str, Any]) -> Listed:
+    return Listed("1", frozenset(ObjectKey.of(o) for o in objects))
+
+
+def feed(view: ProviderView, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+    for n in nodes:
+        view.handle_node(WatchEvent("ADDED", n))
+    view.handle_node(listed(*nodes))
+    for p in pods:
+        view.handle_pod(WatchEvent("ADDED", p))
+    view.handle_pod(listed(*pods))
+
+
+def gpus_of(free: dict[str, dict[str, Decimal]]) -> dict[str, Decimal]:
+    return {name: amounts.get("nvidia.com/gpu", Decimal(0)) for name, amounts in free.items()}
+
+
+def test_view_free_room_per_node_and_largest_block() -> None:
+    view, _ = make_view(SELECTOR)
+    assert not view.synced
+    feed(view, fleet(), [gpu_pod("a", "h100-0", gpus=6), gpu_pod("b", "h100-1", gpus=3),
+                         gpu_pod("c", "l4-0", gpus=2)])
+    assert view.synced
+    assert gpus_of(view.per_node_free()) == {"h100-0": 2, "h100-1": 5}  # L4 and CPU not selected
+    assert view.largest()["nvidia.com/gpu"] == 5
+    assert view.per_node_free()["h100-0"]["pods"] == 109
+
+
+def test_view_follows_pods_incrementally() -> None:
+    view, changes = make_view(SELECTOR)
+    pod = gpu_pod("a", "h100-0", gpus=6)
+    feed(view, fleet(), [pod])
+    count = len(changes)
+    view.handle_pod(WatchEvent("MODIFIED", pod))  # same node, same request: nothing changed
+    assert len(changes) == count
+    view.handle_pod(WatchEvent("MODIFIED", gpu_pod("a", "h100-0", gpus=6, phase="Succeeded")))
+    assert gpus_of(view.per_node_free()) == {"h100-0": 8, "h100-1": 8}
+    assert len(changes) == count + 1
+    view.handle_pod(WatchEvent("ADDED", gpu_pod("b", "h100-1", gpus=8)))
+    assert view.largest()["nvidia.com/gpu"] == 8
+    view.handle_pod(WatchEvent("ADDED", gpu_pod("c", "h100-0", gpus=1)))
+    assert view.largest()["nvidia.com/gpu"] == 7
+    view.handle_pod(WatchEvent("DELETED", gpu_pod("c", "h100-0", gpus=1)))
+    assert view.largest()["nvidia.com/gpu"] == 8
+    # a relist without "b": it was deleted while the watch was down
+    view.handle_pod(listed())
+    assert gpus_of(view.per_node_free()) == {"h100-0": 8, "h100-1": 8}
+
+
+def test_view_ignores_node_heartbeats_but_not_readiness() -> None:
+    view, changes = make_view(SELECTOR)
+    feed(view, fleet(), [])
+    count = len(changes)
+    beat = node("h100-0", labels=H100)
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = LATER
+    view.handle_node(WatchEvent("MODIFIED", beat))
+    assert len(changes) == count
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels=H100, ready=False)))
+    assert len(changes) == count + 1
+    assert set(view.per_node_free()) == {"h100-1"}
+    view.handle_node(WatchEvent("DELETED", node("h100-1", labels=H100)))
+    assert view.per_node_free() == {}
+
+
+def test_view_fit_is_fit_not_sum() -> None:
+    view, _ = make_view(SELECTOR)
+    feed(view, [node(f"h100-{i}", labels=H100) for i in range(4)],
+         [gpu_pod(f"p{i}", f"h100-{i}", gpus=6) for i in range(4)])
+    result = view.fit(gpu_pod("big", gpus=4, phase=None))
+    assert not result.ok
+    assert result.reason == "ExceedsLargestBlock"
+    assert "largest free block on any provider node is 2 (8 free in total across 4 nodes)" in result.message
+    assert view.fit(gpu_pod("small", gpus=2, phase=None)).ok
+
+
+def test_view_fit_uses_the_pods_tolerations_and_node_selector() -> None:
+    view, _ = make_view()
+    tainted = node("h100-t", labels=H100, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    feed(view, [tainted, node("l4-0", gpus=2, labels=L4)], [])
+    pod = gpu_pod("p", gpus=4, phase=None)
+    assert view.fit(pod).reason == "ExceedsLargestBlock"  # the L4 node only: 2 GPUs
+    pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    fit = view.fit(pod)
+    assert fit.ok and fit.node == "h100-t"
+    # the virtual node's identity and gpuferry's labels are ignored; GFD ones narrow the nodes
+    pod["spec"]["nodeSelector"] = {"type": "virtual-kubelet", "kubernetes.io/hostname": VIRTUAL_NODE,
+                                   LARGEST_GPU_BLOCK_LABEL: "8"}
+    assert view.fit(pod).ok
+    pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
+    assert not view.fit(pod).ok

@@ -1,0 +1,345 @@
+"""The virtual node: registration, heartbeat, status, and what one provider node can take.
+
+:class:`NodeController` runs five named loops under :func:`kube.tasks.run_supervised`:
+
+``node_watch_provider_nodes`` / ``node_watch_provider_pods``
+    a :class:`~vk.node.provider.ProviderView` of the provider's nodes and bound pods, from which
+    the GPU labels and the largest free block per resource follow;
+``node_probe_provider``
+    ``GET /readyz`` on the provider API server every ``provider_probe_seconds``;
+``node_status``
+    registers the Node (creates it, or adopts one of the same name left by an earlier run:
+    labels, taint and status are brought to what they must be, labels of others are kept),
+    then patches it when something it shows changed (at most once per
+    :data:`MIN_UPDATE_INTERVAL`), and at least every ``status_seconds`` (a heartbeat of the
+    conditions);
+``node_lease``
+    renews ``kube-node-lease/<node>`` every ``heartbeat_seconds``.
+
+No loop dies on an API error: each is logged with the object and retried with backoff.
+
+Provider outage: Ready=False, the Lease kept alive
+    When the provider's /readyz fails (:data:`PROBE_FAILURES` times in a row once it has
+    answered), the Node turns Ready=False with reason ``ProviderUnreachable`` and the error in
+    the message, and ``ProviderReachable`` turns False. The Lease keeps being renewed: the
+    virtual kubelet itself is alive, and what it reports is true. So the consumer's node
+    lifecycle controller sees a node that posts Ready=False, not a silent one: it taints it
+    ``node.kubernetes.io/not-ready`` (NoSchedule: no new pods are bound to it; NoExecute:
+    evictions), not ``unreachable``. Pods carry a ``not-ready:NoExecute`` toleration of 300 s
+    by default (the DefaultTolerationSeconds admission plugin), so an outage shorter than that
+    evicts nothing; when the provider answers again the node turns Ready, the controller lifts
+    the taints, and the pods stay where they were. Pods that set a shorter toleration are
+    evicted sooner, as they asked. Letting the Lease lapse instead would buy nothing (the
+    ``unreachable`` taint has the same 300 s default) and would hide the reason.
+    When the virtual kubelet itself stops, the Lease lapses and the node turns Unknown: a
+    restarted one adopts the Node and makes it Ready again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+from kube.clients import KubeClient
+from kube.errors import Conflict, KubeError, NotFound
+from kube.logs import object_logger
+from kube.metrics import gauge
+from kube.objects import NODES, RawObject
+from kube.quantities import ResourceList, parse_quantity, parse_resource_list
+from kube.tasks import run_supervised
+
+from ..forge.fit import FitResult
+from ..forge.node import (
+    GPU,
+    GPU_COUNT_LABEL,
+    KUBELET_VERSION,
+    LARGEST_BLOCK_ANNOTATION,
+    is_gfd_label,
+    kubelet_version,
+    node_conditions,
+    node_metadata_patch,
+    node_shape,
+    node_status_patch,
+    provider_gpu_labels,
+    virtual_node,
+)
+from ..settings import VirtualKubeletSettings
+from .lease import renew_lease
+from .provider import ProviderView, identity_keys
+
+__all__ = ["MIN_UPDATE_INTERVAL", "PROBE_FAILURES", "NodeController"]
+
+logger = logging.getLogger(__name__)
+
+MIN_UPDATE_INTERVAL = 1.0
+"""Seconds between two Node updates caused by provider changes (a burst makes one update)."""
+PROBE_FAILURES = 2
+"""Failed probes in a row that turn a Ready node NotReady (one blip does not)."""
+REGISTRATION_WAIT = 10.0
+"""Longest wait for the first probe and the provider listings before registering the Node."""
+MAX_BACKOFF = 30.0
+
+PROVIDER_REACHABLE = gauge("vk_node_provider_reachable", "1 when the provider API answers /readyz.", ["node"])
+LARGEST_BLOCK = gauge(
+    "vk_node_largest_block",
+    "Largest amount of a resource placeable on one provider node.",
+    ["node", "resource"],
+)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _backoff(failures: int, cap: float = MAX_BACKOFF) -> float:
+    return float(min(0.5 * 2 ** max(failures - 1, 0), cap))
+
+
+class NodeController:
+    """The virtual Node of one provider grant (see the module docstring).
+
+    For the pod reflector: :meth:`fit` (the :class:`vk.reflection.pods.FitOracle` protocol),
+    :meth:`current_shape`, :meth:`per_node_free` and :attr:`largest_block`.
+    """
+
+    def __init__(
+        self, *, consumer: KubeClient, provider: KubeClient, settings: VirtualKubeletSettings
+    ) -> None:
+        self.consumer = consumer
+        self.provider = provider
+        self.settings = settings
+        self.node_name = settings.effective_node_name
+        self.log = object_logger(logger, "Node", self.node_name)
+        self.view = ProviderView(
+            provider=provider,
+            selector=settings.provider_node_selector,
+            settings=settings.watch,
+            on_change=self._mark_dirty,
+            ignored_selector_keys=identity_keys(settings.provider_cluster_id, self.node_name),
+        )
+        self.node: RawObject | None = None
+        """The Node as last written or read (``None`` before registration)."""
+        self.registered = asyncio.Event()
+        self.reachable: bool | None = None
+        """Whether the provider API server answers /readyz (``None``: not probed yet)."""
+        self.probe_error = ""
+        self._probed = asyncio.Event()
+        self._probe_failures = 0
+        self._dirty = asyncio.Event()
+        self._last_update = -MIN_UPDATE_INTERVAL
+        self._last_heartbeat = 0.0
+        self._version = KUBELET_VERSION
+        self._boot_id = str(uuid.uuid4())
+        parse_resource_list(settings.resources)  # a grant that is not quantities fails here, early
+
+    # ---- for the pod reflector -----------------------------------------------------------------
+
+    def fit(self, pod: Mapping[str, Any]) -> FitResult | None:
+        """Whether ``pod`` fits on a single provider node now; ``None`` when not known (the
+        provider was not listed yet, or is unreachable): do not gate on a guess."""
+        if not self.view.synced or self.reachable is False:
+            return None
+        return self.view.fit(pod)
+
+    def current_shape(self) -> dict[str, Decimal]:
+        """Per granted resource, the largest block one pod can get now (capped by the grant)."""
+        return parse_resource_list(node_shape(self.view.largest(), self.settings.resources))
+
+    def per_node_free(self) -> dict[str, ResourceList]:
+        """Provider node → free resources, for the Ready, uncordoned, untainted picked nodes."""
+        return self.view.per_node_free()
+
+    @property
+    def largest_block(self) -> Decimal:
+        """GPUs one pod can get now (``nvidia.com/gpu`` of :meth:`current_shape`)."""
+        return self.current_shape().get(GPU, Decimal(0))
+
+    # ---- run -----------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until cancelled (the loops do not end on their own)."""
+        await run_supervised(
+            {
+                "node_watch_provider_nodes": self.view.watch_nodes(),
+                "node_watch_provider_pods": self.view.watch_pods(),
+                "node_probe_provider": self._probe_loop(),
+                "node_status": self._status_loop(),
+                "node_lease": self._lease_loop(),
+            },
+            logger=logger,
+        )
+
+    def _mark_dirty(self) -> None:
+        self._dirty.set()
+
+    # ---- provider probe ------------------------------------------------------------------------
+
+    async def probe(self) -> str | None:
+        """One ``GET /readyz`` of the provider: ``None`` when it answered ok, else the error."""
+        timeout = max(1.0, min(self.settings.provider_probe_seconds, 10.0))
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.provider.stream("GET", "/readyz", read_timeout=timeout) as resp:
+                    await resp.read()
+        except TimeoutError:
+            return f"GET /readyz timed out after {timeout:g}s"
+        except KubeError as exc:
+            return f"GET /readyz: {exc}"
+        return None
+
+    def _record_probe(self, error: str | None) -> None:
+        before = self.reachable
+        if error is None:
+            self._probe_failures = 0
+            self.reachable, self.probe_error = True, ""
+        else:
+            self._probe_failures += 1
+            if before is None or (before and self._probe_failures >= PROBE_FAILURES):
+                self.reachable, self.probe_error = False, error
+        if self.reachable != before:
+            PROVIDER_REACHABLE.labels(self.node_name).set(1 if self.reachable else 0)
+            if self.reachable:
+                self.log.info("provider API server is reachable")
+            else:
+                self.log.warning("provider API server is unreachable: %s", self.probe_error)
+            self._dirty.set()
+        self._probed.set()
+
+    async def _probe_loop(self) -> None:
+        while True:
+            self._record_probe(await self.probe())
+            await asyncio.sleep(self.settings.provider_probe_seconds)
+
+    # ---- the Node ------------------------------------------------------------------------------
+
+    def desired(self, current: RawObject | None) -> RawObject:
+        """The Node as it must be now, given the current one (``None``: not registered)."""
+        settings = self.settings
+        if self.view.nodes_synced.is_set():
+            labels = provider_gpu_labels(self.view.nodes.values(), settings.provider_node_selector,
+                                         settings.resources)
+        else:  # not listed yet: keep what an earlier run found rather than flap
+            old = ((current or {}).get("metadata") or {}).get("labels") or {}
+            labels = {k: v for k, v in old.items() if is_gfd_label(k) or k == GPU_COUNT_LABEL}
+        if self.view.synced:
+            shape = node_shape(self.view.largest(), settings.resources)
+        else:
+            old_shape = (((current or {}).get("metadata") or {}).get("annotations") or {}).get(
+                LARGEST_BLOCK_ANNOTATION
+            )
+            shape = node_shape({}, settings.resources)
+            with contextlib.suppress(ValueError):
+                loaded = orjson.loads(old_shape or "null")
+                if isinstance(loaded, dict):
+                    shape = {str(k): str(v) for k, v in loaded.items()}
+        for resource, amount in shape.items():
+            with contextlib.suppress(ValueError):
+                LARGEST_BLOCK.labels(self.node_name, resource).set(float(parse_quantity(amount)))
+        return virtual_node(
+            name=self.node_name,
+            provider_id=settings.provider_cluster_id,
+            resources=settings.resources,
+            node_address=settings.node_address,
+            kubelet_port=settings.kubelet_port,
+            provider_labels=labels,
+            shape=shape,
+            conditions=node_conditions(provider_reachable=self.reachable, provider_error=self.probe_error),
+            now=_now(),
+            extra_labels=settings.node_labels,
+            previous_conditions=((current or {}).get("status") or {}).get("conditions") or (),
+            version=self._version,
+            boot_id=self._boot_id,
+        )
+
+    async def sync(self, *, heartbeat: bool = False) -> RawObject:
+        """Read the Node and bring it to :meth:`desired`; creates it when missing."""
+        try:
+            current: RawObject | None = await self.consumer.get(NODES, self.node_name)
+        except NotFound:
+            current = None
+        desired = self.desired(current)
+        if current is None:
+            current = await self.consumer.create(NODES, desired)  # with its status
+            self.log.info("registered (capacity %s)", desired["status"]["capacity"])
+            self._last_heartbeat = time.monotonic()
+            heartbeat = False
+        elif not self.registered.is_set():
+            self.log.info("adopting the existing Node (uid %s)", current["metadata"].get("uid"))
+        metadata_patch = node_metadata_patch(current, desired)
+        if metadata_patch is not None:
+            current = await self.consumer.patch(NODES, self.node_name, metadata_patch)
+            self.log.debug("labels/annotations/taints updated: %s", metadata_patch)
+        status_patch = node_status_patch(current, desired, heartbeat=heartbeat)
+        if status_patch is not None:
+            current = await self.consumer.patch(NODES, self.node_name, status_patch, patch_type="strategic",
+                                                subresource="status")
+            self._last_heartbeat = time.monotonic()
+        self.node = current
+        self.registered.set()
+        return current
+
+    async def _consumer_version(self) -> None:
+        try:
+            version = await self.consumer.server_version()
+        except KubeError as exc:
+            self.log.warning("cannot read the consumer's version (%s); reporting %s", exc, self._version)
+            return
+        self._version = kubelet_version(str(version.get("gitVersion") or ""))
+
+    async def _status_loop(self) -> None:
+        # register with real readiness and labels when they come quickly, without them otherwise
+        # (a provider found unreachable is not waited for: the Node says so at once)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REGISTRATION_WAIT):
+                await self._probed.wait()
+                if self.reachable:
+                    await self.view.nodes_synced.wait()
+                    await self.view.pods_synced.wait()
+        await self._consumer_version()
+        failures = 0
+        while True:
+            self._dirty.clear()
+            heartbeat = time.monotonic() - self._last_heartbeat >= self.settings.status_seconds
+            try:
+                await self.sync(heartbeat=heartbeat)
+                failures = 0
+            except KubeError as exc:
+                failures += 1
+                delay = 0.2 if isinstance(exc, Conflict) and failures < 5 else _backoff(failures)
+                self.log.warning("update failed (%s); retrying in %.1fs", exc, delay)
+                self._dirty.set()
+                await asyncio.sleep(delay)
+                continue
+            self._last_update = time.monotonic()
+            wait = self._last_heartbeat + self.settings.status_seconds - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), max(wait, 0.0))
+            # debounce: changes arriving together make one update
+            await asyncio.sleep(max(0.0, self._last_update + MIN_UPDATE_INTERVAL - time.monotonic()))
+
+    # ---- the Lease -----------------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        await self.registered.wait()
+        failures = 0
+        while True:
+            node = self.node or {}
+            uid = str((node.get("metadata") or {}).get("uid") or "")
+            try:
+                await renew_lease(self.consumer, self.node_name, uid)
+                failures = 0
+                delay = self.settings.heartbeat_seconds
+            except KubeError as exc:
+                failures += 1
+                delay = min(_backoff(failures), self.settings.heartbeat_seconds)
+                self.log.warning("lease renewal failed (%s); retrying in %.1fs", exc, delay)
+            await asyncio.sleep(delay)

@@ -1,0 +1,232 @@
+"""What the provider can place now: its nodes and the requests of the pods bound to them.
+
+:class:`ProviderView` list+watches the provider's Nodes and its bound, unfinished Pods (every
+namespace: the free room of a node depends on every pod on it, not only our twins) and keeps
+small projections: per node, its labels, taints, readiness and allocatable; per pod, its node
+and effective request (:func:`vk.forge.fit.placement_request`), summed per node as it changes.
+Answers are computed from those, never by walking every pod again: the fit of one pod costs
+O(nodes), which keeps the gate cheap in a burst of a thousand pods.
+
+The view is advisory: a twin created a moment ago is counted once the provider's watch reports
+it bound, so two pods fitted in the same instant may both be told that the last free block is
+theirs; the provider's scheduler then keeps one Pending, as it would for any pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.errors import KubeError
+from kube.objects import NODES, PODS, ObjectKey, RawObject, Resource
+from kube.quantities import ResourceList, add, parse_resource_list, sub
+from kube.settings import WatchSettings
+from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
+
+from ..forge.fit import FitResult, fits_somewhere, placement_request, unschedulable_reason
+from ..forge.labels import PREFIX, virtual_node_identity
+
+__all__ = ["ProviderView"]
+
+logger = logging.getLogger(__name__)
+
+# Bound, unfinished pods only: a pod that completes or is deleted leaves the watch (DELETED).
+POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+def _project_node(node: Mapping[str, Any]) -> RawObject:
+    """The fields of a Node that fit and labels read (heartbeat timestamps left out)."""
+    metadata = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    ready = [
+        {"type": "Ready", "status": c.get("status")}
+        for c in status.get("conditions") or ()
+        if c.get("type") == "Ready"
+    ]
+    return {
+        "metadata": {"name": metadata.get("name"), "labels": dict(metadata.get("labels") or {})},
+        "spec": {"unschedulable": bool(spec.get("unschedulable")), "taints": list(spec.get("taints") or ())},
+        "status": {
+            "allocatable": dict(status.get("allocatable") or status.get("capacity") or {}),
+            "conditions": ready,
+        },
+    }
+
+
+class ProviderView:
+    """Provider nodes and the room left on each (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        provider: KubeClient,
+        selector: Mapping[str, str],
+        settings: WatchSettings,
+        on_change: Callable[[], None] = lambda: None,
+        ignored_selector_keys: frozenset[str] = frozenset(),
+    ) -> None:
+        self.provider = provider
+        self.selector = dict(selector)
+        self.settings = settings
+        self.on_change = on_change
+        self.ignored_selector_keys = ignored_selector_keys
+        self.nodes: dict[str, RawObject] = {}
+        self._allocatable: dict[str, ResourceList] = {}
+        self._pods: dict[ObjectKey, tuple[str, ResourceList]] = {}
+        self._used: dict[str, ResourceList] = {}
+        self._free: dict[str, ResourceList] | None = None
+        self.nodes_synced = asyncio.Event()
+        self.pods_synced = asyncio.Event()
+
+    @property
+    def synced(self) -> bool:
+        """Whether both the nodes and the pods were listed at least once."""
+        return self.nodes_synced.is_set() and self.pods_synced.is_set()
+
+    # ---- answers -------------------------------------------------------------------------------
+
+    def _all_free(self) -> dict[str, ResourceList]:
+        if self._free is None:
+            self._free = {
+                name: sub(self._allocatable.get(name, {}), self._used.get(name, {})) for name in self.nodes
+            }
+        return self._free
+
+    def per_node_free(
+        self, *, selector: Mapping[str, str] | None = None, tolerations: list[Mapping[str, Any]] | None = None
+    ) -> dict[str, ResourceList]:
+        """Node name → free resources, for the Ready, uncordoned provider nodes that the grant's
+        selector (and ``selector``) picks and whose taints ``tolerations`` tolerate."""
+        wanted = {**self.selector, **(selector or {})}
+        free = self._all_free()
+        return {
+            name: dict(free[name])
+            for name, node in self.nodes.items()
+            if unschedulable_reason(node, selector=wanted, tolerations=tolerations or ()) is None
+        }
+
+    def largest(self) -> ResourceList:
+        """Per resource, the largest amount free on one schedulable picked node (no tolerations)."""
+        largest: ResourceList = {}
+        for free in self.per_node_free().values():
+            for name, amount in free.items():
+                largest[name] = max(largest.get(name, Decimal(0)), amount, Decimal(0))
+        return largest
+
+    def fit(self, pod: Mapping[str, Any]) -> FitResult:
+        """Whether ``pod`` (a consumer pod) fits on one provider node its twin could land on.
+
+        The twin keeps the pod's tolerations and node selector (less the virtual node's
+        identity labels and gpuferry's own labels, which mean nothing on the provider), so both
+        narrow the nodes considered. Node affinity is not considered.
+        """
+        spec = pod.get("spec") or {}
+        selector = {
+            key: value
+            for key, value in (spec.get("nodeSelector") or {}).items()
+            if key not in self.ignored_selector_keys and not key.startswith(PREFIX)
+        }
+        free = self.per_node_free(selector=selector, tolerations=list(spec.get("tolerations") or ()))
+        return fits_somewhere(placement_request(pod), free)
+
+    # ---- watches -------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self._free = None
+        self.on_change()
+
+    def handle_node(self, item: WatchEvent | Listed) -> None:
+        if isinstance(item, Listed):
+            names = {key.name for key in item.keys}
+            gone = [name for name in self.nodes if name not in names]
+            for name in gone:
+                del self.nodes[name]
+                self._allocatable.pop(name, None)
+            self.nodes_synced.set()
+            self._changed()  # the first listing is a change too
+            return
+        name = item.key.name
+        if item.type == "DELETED":
+            if self.nodes.pop(name, None) is not None:
+                self._allocatable.pop(name, None)
+                self._changed()
+            return
+        projected = _project_node(item.object)
+        if self.nodes.get(name) != projected:
+            self.nodes[name] = projected
+            try:
+                self._allocatable[name] = parse_resource_list(projected["status"]["allocatable"])
+            except ValueError as exc:
+                logger.warning("provider Node %s: unreadable allocatable (%s); counted as empty", name, exc)
+                self._allocatable[name] = {}
+            self._changed()
+
+    def _forget_pod(self, key: ObjectKey) -> bool:
+        old = self._pods.pop(key, None)
+        if old is None:
+            return False
+        node, request = old
+        self._used[node] = sub(self._used.get(node, {}), request)
+        return True
+
+    def handle_pod(self, item: WatchEvent | Listed) -> None:
+        if isinstance(item, Listed):
+            gone = [key for key in self._pods if key not in item.keys]
+            for key in gone:
+                self._forget_pod(key)
+            self.pods_synced.set()
+            self._changed()
+            return
+        key = item.key
+        pod = item.object
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if item.type == "DELETED" or not node or phase in ("Succeeded", "Failed"):
+            if self._forget_pod(key):
+                self._changed()
+            return
+        try:
+            request = placement_request(pod)
+        except ValueError as exc:
+            logger.warning("provider Pod %s: unreadable requests (%s); not counted", key, exc)
+            return
+        old = self._pods.get(key)
+        if old == (node, request):
+            return
+        self._forget_pod(key)
+        self._pods[key] = (node, request)
+        self._used[node] = add(self._used.get(node, {}), request)
+        self._changed()
+
+    async def _watch(self, resource: Resource, handle: Callable[[WatchEvent | Listed], None],
+                     field_selector: str | None = None) -> None:
+        """Watch forever; a permanent error (403 on a scoped identity, say) is logged and the
+        watch retried with backoff, never raised."""
+        failures = 0
+        while True:
+            try:
+                async for item in watch_objects(self.provider, resource, field_selector=field_selector,
+                                                settings=self.settings):
+                    failures = 0
+                    handle(item)
+            except KubeError as exc:
+                failures += 1
+                delay = backoff_delay(failures, self.settings)
+                logger.error("watch of provider %s failed (%s); retrying in %.1fs", resource, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def watch_nodes(self) -> None:
+        await self._watch(NODES, self.handle_node)
+
+    async def watch_pods(self) -> None:
+        await self._watch(PODS, self.handle_pod, POD_FIELD_SELECTOR)
+
+
+def identity_keys(provider_id: str, node_name: str) -> frozenset[str]:
+    """Label keys of the virtual node's identity (ignored in pods' node selectors)."""
+    return frozenset(virtual_node_identity(provider_id, node_name))
