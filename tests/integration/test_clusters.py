@@ -18,7 +18,7 @@ from kube.clients import KubeClient
 from kube.errors import Forbidden
 from kube.objects import CSRS, JOBS, NODES, PODS, RESOURCEQUOTAS, RawObject
 
-from .waiting import condition, wait_for
+from .waiting import condition, wait_for, wait_for_empty
 
 pytestmark = pytest.mark.integration
 
@@ -193,26 +193,6 @@ async def test_controllers_run_deployments_service_accounts_and_garbage_collecti
     await provider_client.delete(deployments, "web", namespace=provider_ns, propagation_policy="Foreground")
     await wait_for_empty(provider_client, replicasets, provider_ns)
     await wait_for_empty(provider_client, PODS, provider_ns)
-
-
-async def wait_for_empty(client: KubeClient, resource: Any, namespace: str, timeout: float = 60) -> None:
-    import asyncio
-
-    from kube.watching import Listed, watch_objects
-
-    async def watch() -> None:
-        present: set[str] = set()
-        async for item in watch_objects(client, resource, namespace=namespace):
-            if isinstance(item, Listed):
-                present = {k.name for k in item.keys}
-            elif item.type == "DELETED":
-                present.discard(item.key.name)
-            else:
-                present.add(item.key.name)
-            if not present and (isinstance(item, Listed) or item.type == "DELETED"):
-                return
-
-    await asyncio.wait_for(watch(), timeout)
 
 
 def _csr_pem(

@@ -50,3 +50,38 @@ def condition(obj: RawObject, type_: str) -> RawObject | None:
         if cond.get("type") == type_:
             return dict(cond)
     return None
+
+
+async def wait_for_empty(client: KubeClient, resource: Resource, namespace: str, timeout: float = 60) -> None:
+    """Until ``namespace`` holds no ``resource`` object (watched, not polled)."""
+
+    async def watch() -> None:
+        present: set[str] = set()
+        async for item in watch_objects(client, resource, namespace=namespace):
+            if isinstance(item, Listed):
+                present = {k.name for k in item.keys}
+            elif item.type == "DELETED":
+                present.discard(item.key.name)
+            else:
+                present.add(item.key.name)
+            if not present and (isinstance(item, Listed) or item.type == "DELETED"):
+                return
+
+    await asyncio.wait_for(watch(), timeout)
+
+
+async def wait_for_deletion(
+    client: KubeClient, resource: Resource, name: str, namespace: str | None, timeout: float = 60
+) -> None:
+    """Until ``name`` no longer exists (watched, not polled)."""
+
+    async def watch() -> None:
+        async for item in watch_objects(
+            client, resource, namespace=namespace, field_selector=f"metadata.name={name}"
+        ):
+            if isinstance(item, Listed) and not item.keys:
+                return
+            if isinstance(item, WatchEvent) and item.type == "DELETED":
+                return
+
+    await asyncio.wait_for(watch(), timeout)

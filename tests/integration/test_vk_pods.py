@@ -1,0 +1,269 @@
+"""The virtual kubelet end to end on the real clusters: the consumer's kube-scheduler places GPU
+pods on the virtual node, they run as twins on the provider's GPU nodes, status comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from hack.localcluster import LocalCluster
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import EVENTS, JOBS, LEASES, NAMESPACES, NODES, PODS, RawObject, Resource
+from vk.app import run
+from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
+from vk.forge.names import twin_namespace
+from vk.settings import VirtualKubeletSettings
+
+from .conftest import NamespaceFactory
+from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
+
+pytestmark = pytest.mark.integration
+
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+TOLERATION = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+
+
+@dataclass
+class VirtualKubelet:
+    settings: VirtualKubeletSettings
+    task: asyncio.Task[None]
+
+    @property
+    def node(self) -> str:
+        return self.settings.effective_node_name
+
+    def twin_ns(self, namespace: str) -> str:
+        return twin_namespace(namespace, self.settings.consumer_cluster_id)
+
+
+@pytest.fixture
+async def vk(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, provider_client: KubeClient
+) -> AsyncIterator[VirtualKubelet]:
+    suffix = uuid.uuid4().hex[:6]
+    settings = VirtualKubeletSettings(
+        consumer_kubeconfig=consumer.spec.kubeconfig,
+        provider_kubeconfig=provider.spec.kubeconfig,
+        consumer_cluster_id=f"cons-{suffix}",
+        provider_cluster_id=f"prov-{suffix}",
+        resources={"nvidia.com/gpu": "16", "cpu": "128", "memory": "1Ti", "pods": "110"},
+        provider_node_selector=H100,
+        heartbeat_seconds=2,
+        status_seconds=5,
+        provider_probe_seconds=1,
+        resync_seconds=5,
+    )
+    task = asyncio.create_task(run(settings), name="virtual-kubelet")
+    running = VirtualKubelet(settings, task)
+    await wait_for(
+        consumer_client,
+        NODES,
+        running.node,
+        lambda n: (
+            (condition(n, "Ready") or {}).get("status") == "True"
+            and not [
+                t for t in n.get("spec", {}).get("taints") or [] if t["key"].startswith("node.kubernetes.io/")
+            ]
+        ),
+        timeout=60,
+    )
+    yield running
+    assert not task.done(), f"the virtual kubelet stopped: {task.exception() if not task.cancelled() else ''}"
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    for client, resource, name, ns in (
+        (consumer_client, NODES, running.node, None),
+        (consumer_client, LEASES, running.node, "kube-node-lease"),
+    ):
+        with contextlib.suppress(NotFound):
+            await client.delete(resource, name, ns)
+    twins = await provider_client.list(
+        NAMESPACES, label_selector=owner_selector(settings.consumer_cluster_id)
+    )
+    for ns in twins["items"]:
+        await provider_client.delete(NAMESPACES, ns["metadata"]["name"])
+
+
+def gpu_spec(gpus: int, *, tolerate: bool = True) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "cuda",
+                "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+            }
+        ],
+        "terminationGracePeriodSeconds": 5,
+    }
+    if tolerate:
+        spec["tolerations"] = [TOLERATION]
+    return spec
+
+
+def pod(name: str, gpus: int, *, tolerate: bool = True) -> RawObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": gpu_spec(gpus, tolerate=tolerate),
+    }
+
+
+def running(p: RawObject) -> bool:
+    return p.get("status", {}).get("phase") == "Running"
+
+
+async def test_deployment_runs_as_twins_on_provider_gpu_nodes_and_scales_to_zero(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    deploy: RawObject = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "inference"},
+        "spec": {
+            "replicas": 10,
+            "selector": {"matchLabels": {"app": "inference"}},
+            "template": {"metadata": {"labels": {"app": "inference"}}, "spec": gpu_spec(1)},
+        },
+    }
+    await consumer_client.create(DEPLOYMENTS, deploy, ns)
+    await wait_for(
+        consumer_client,
+        DEPLOYMENTS,
+        "inference",
+        lambda d: d.get("status", {}).get("readyReplicas") == 10,
+        namespace=ns,
+        timeout=90,
+    )
+
+    local = {p["metadata"]["name"]: p for p in (await consumer_client.list(PODS, ns))["items"]}
+    twins = {p["metadata"]["name"]: p for p in (await provider_client.list(PODS, vk.twin_ns(ns)))["items"]}
+    assert len(local) == 10 and set(twins) == set(local)
+    gpu_nodes = {
+        n["metadata"]["name"]
+        for n in (
+            await provider_client.list(NODES, label_selector="nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3")
+        )["items"]
+    }
+    for name, p in local.items():
+        twin = twins[name]
+        assert p["spec"]["nodeName"] == vk.node
+        assert twin["spec"]["nodeName"] in gpu_nodes
+        assert twin["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert p["status"]["phase"] == twin["status"]["phase"] == "Running"
+        assert p["status"]["podIP"] == twin["status"]["podIP"]
+        assert [c["ready"] for c in p["status"]["containerStatuses"]] == [True]
+
+    await consumer_client.patch(DEPLOYMENTS, "inference", {"spec": {"replicas": 0}}, ns)
+    await wait_for_empty(consumer_client, PODS, ns)
+    await wait_for_empty(provider_client, PODS, vk.twin_ns(ns))
+
+
+async def test_job_completes_when_its_twins_complete(
+    vk: VirtualKubelet, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    job: RawObject = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "finetune"},
+        "spec": {
+            "completions": 3,
+            "parallelism": 3,
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"annotations": {"gpuferry.io/simulate-complete-after": "2s"}},
+                "spec": {**gpu_spec(2), "restartPolicy": "Never"},
+            },
+        },
+    }
+    await consumer_client.create(JOBS, job, ns)
+    done = await wait_for(
+        consumer_client,
+        JOBS,
+        "finetune",
+        lambda j: (condition(j, "Complete") or {}).get("status") == "True",
+        namespace=ns,
+        timeout=90,
+    )
+    assert done["status"]["succeeded"] == 3
+
+
+async def test_pod_larger_than_any_provider_node_gets_a_clear_answer(
+    vk: VirtualKubelet, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    # the virtual node shows 16 GPUs, but no single H100 node has more than 8
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("too-big", 12), ns)
+    gated = await wait_for(
+        consumer_client,
+        PODS,
+        "too-big",
+        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
+        namespace=ns,
+        timeout=15,
+    )
+    assert gated["spec"]["nodeName"] == vk.node
+    assert gated["status"]["phase"] == "Pending"
+    assert "12 nvidia.com/gpu" in gated["status"]["message"]
+    events = (await consumer_client.list(EVENTS, ns, field_selector="involvedObject.name=too-big"))["items"]
+    assert [e["reason"] for e in events if e["reason"] == "ProviderCapacity"] == ["ProviderCapacity"]
+
+
+async def test_pod_without_the_toleration_never_lands_on_the_virtual_node(
+    vk: VirtualKubelet, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("no-toleration", 1, tolerate=False), ns)
+    p = await wait_for(
+        consumer_client,
+        PODS,
+        "no-toleration",
+        lambda p: (condition(p, "PodScheduled") or {}).get("reason") == "Unschedulable",
+        namespace=ns,
+    )
+    assert "nodeName" not in p["spec"]
+    assert "untolerated taint" in condition(p, "PodScheduled")["message"]  # type: ignore[index]
+
+
+async def test_twin_deleted_on_the_provider_is_reported_and_deletion_flows_both_ways(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    for name in ("victim", "normal"):
+        await consumer_client.create(PODS, pod(name, 1), ns)
+        await wait_for(consumer_client, PODS, name, running, namespace=ns, timeout=30)
+
+    # deleted behind our back on the provider: the consumer pod says so
+    await provider_client.delete(PODS, "victim", vk.twin_ns(ns), grace_period_seconds=0)
+    failed = await wait_for(
+        consumer_client,
+        PODS,
+        "victim",
+        lambda p: p.get("status", {}).get("phase") == "Failed",
+        namespace=ns,
+        timeout=15,
+    )
+    assert failed["status"]["reason"] == "ProviderPodDeleted"
+
+    # deleted on the consumer: the twin goes, then the consumer pod
+    await consumer_client.delete(PODS, "normal", ns)
+
+    await wait_for_deletion(consumer_client, PODS, "normal", ns, timeout=30)
+    with pytest.raises(NotFound):
+        await provider_client.get(PODS, "normal", vk.twin_ns(ns))

@@ -1,0 +1,99 @@
+"""python -m vk: run one virtual kubelet. Settings come from flags (and GPUFERRY_* variables for
+client, queue and watch tuning), read once here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from kube.errors import KubeError
+from kube.kubeconfigs import ConfigError
+from kube.logs import setup_logging
+from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
+
+from .app import run
+from .settings import VirtualKubeletSettings
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"error: {flag} expects NAME=VALUE, got {value!r}")
+        out[key] = val
+    return out
+
+
+def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
+    p = argparse.ArgumentParser(
+        prog="python -m vk",
+        description="gpuferry virtual kubelet: one virtual node on the consumer standing for GPUs "
+        "granted by a provider; pods bound to it run as twin pods on the provider.",
+    )
+    p.add_argument("--consumer-kubeconfig", type=Path, help="consumer kubeconfig (default: in-cluster)")
+    p.add_argument("--provider-kubeconfig", type=Path, required=True, help="provider kubeconfig")
+    p.add_argument("--consumer-id", required=True, help="consumer cluster ID (twin-namespace suffix)")
+    p.add_argument("--provider-id", required=True, help="provider cluster ID")
+    p.add_argument("--node-name", default="", help="Node name (default: gpuferry-<provider-id>)")
+    p.add_argument(
+        "--resource",
+        action="append",
+        default=[],
+        metavar="NAME=QUANTITY",
+        help="granted capacity, repeatable: nvidia.com/gpu=8, cpu=64, memory=512Gi, pods=110",
+    )
+    p.add_argument(
+        "--provider-node-selector",
+        action="append",
+        default=[],
+        metavar="LABEL=VALUE",
+        help="provider nodes the grant covers, repeatable (e.g. nvidia.com/gpu.product=...)",
+    )
+    p.add_argument(
+        "--namespace-strategy",
+        choices=["default", "same"],
+        default="default",
+        help="twin namespace: <ns>-<consumer-id> (default) or the same name",
+    )
+    p.add_argument("--node-address", default="127.0.0.1", help="InternalIP of the node (kubelet API)")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on 127.0.0.1:PORT")
+    p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
+    args = p.parse_args(argv)
+    return VirtualKubeletSettings(
+        consumer_kubeconfig=args.consumer_kubeconfig,
+        provider_kubeconfig=args.provider_kubeconfig,
+        consumer_cluster_id=args.consumer_id,
+        provider_cluster_id=args.provider_id,
+        node_name=args.node_name,
+        resources=_pairs(args.resource, "--resource"),
+        provider_node_selector=_pairs(args.provider_node_selector, "--provider-node-selector"),
+        namespace_strategy=args.namespace_strategy,
+        node_address=args.node_address,
+        metrics_port=args.metrics_port,
+        workers=args.workers,
+        consumer_client=ClientSettings.from_env(),
+        provider_client=ClientSettings.from_env(),
+        watch=WatchSettings.from_env(),
+        queue=QueueSettings.from_env(workers=args.workers),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    setup_logging(LoggingSettings.from_env())
+    try:
+        asyncio.run(run(settings))
+    except (ConfigError, KubeError) as exc:
+        logging.getLogger("vk").error("stopped: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""One virtual kubelet: root tasks for the node, both pod caches, the pod workers and the resync.
+
+Every long-lived loop is a named task under :func:`kube.tasks.run_supervised`: when one ends,
+the others are stopped, and the process exits (a supervisor, or the peering controller,
+restarts it; all state is in the two API servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from kube.clients import KubeClient
+from kube.metrics import render
+from kube.objects import ObjectKey
+from kube.queueing import KeyedQueue
+from kube.reconciling import run_workers
+from kube.tasks import run_supervised
+
+from .forge.labels import owner_selector
+from .forge.pods import ForgeOptions
+from .node.controller import NodeController
+from .reflection.caches import PodCache, consumer_key, twin_key_for
+from .reflection.pods import PodReflector
+from .settings import VirtualKubeletSettings
+
+logger = logging.getLogger(__name__)
+
+
+def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
+    return ForgeOptions(
+        consumer_cluster_id=settings.consumer_cluster_id,
+        provider_cluster_id=settings.provider_cluster_id,
+        virtual_node_name=settings.effective_node_name,
+        namespace_strategy=settings.namespace_strategy,
+    )
+
+
+async def _sync_pods(
+    queue: KeyedQueue[ObjectKey], reflector: PodReflector, settings: VirtualKubeletSettings
+) -> None:
+    # never act before both sides are listed: an empty cache would read as "pod gone"
+    await asyncio.gather(reflector.local.synced.wait(), reflector.remote.synced.wait())
+    logger.info("pod caches synced: %d local, %d twins", len(reflector.local), len(reflector.remote))
+    await run_workers(queue, reflector, settings=settings.queue, logger=logger, kind="Pod")
+
+
+async def _resync(queue: KeyedQueue[ObjectKey], reflector: PodReflector, every: float) -> None:
+    """Reconcile everything now and then: collects orphans, heals anything a lost event hid."""
+    while True:
+        await asyncio.sleep(every)
+        for key in {*reflector.local.keys(), *reflector.remote.keys()}:
+            queue.add(key)
+
+
+async def _serve_metrics(port: int) -> None:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=render(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+    finally:
+        await asyncio.shield(runner.cleanup())
+
+
+async def run(settings: VirtualKubeletSettings) -> None:
+    """Run the virtual kubelet until a root task ends (or the task running this is cancelled)."""
+    consumer = KubeClient.from_config(settings.consumer_kubeconfig, settings=settings.consumer_client)
+    provider = KubeClient.from_kubeconfig(settings.provider_kubeconfig, settings=settings.provider_client)
+    async with consumer, provider:
+        node = NodeController(consumer=consumer, provider=provider, settings=settings)
+        queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
+        local = PodCache(
+            "consumer",
+            consumer,
+            key_of=consumer_key,
+            on_change=queue.add,
+            field_selector=f"spec.nodeName={settings.effective_node_name}",
+            settings=settings.watch,
+        )
+        remote = PodCache(
+            "provider",
+            provider,
+            key_of=twin_key_for(settings.consumer_cluster_id),
+            on_change=queue.add,
+            label_selector=owner_selector(settings.consumer_cluster_id),
+            settings=settings.watch,
+        )
+        reflector = PodReflector(
+            consumer=consumer,
+            provider=provider,
+            local=local,
+            remote=remote,
+            opts=forge_options(settings),
+            node_address=settings.node_address,
+            fit=node,
+        )
+        roots: dict[str, Coroutine[Any, Any, Any]] = {
+            "node": node.run(),
+            "watch_consumer_pods": local.run(),
+            "watch_provider_twins": remote.run(),
+            "sync_pods_to_remote": _sync_pods(queue, reflector, settings),
+            "resync": _resync(queue, reflector, settings.resync_seconds),
+        }
+        if settings.metrics_port:
+            roots["metrics"] = _serve_metrics(settings.metrics_port)
+        try:
+            await run_supervised(roots, logger=logger)
+        finally:
+            queue.shutdown()
