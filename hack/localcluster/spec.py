@@ -137,6 +137,10 @@ PROFILE_PORT_BASES: dict[str, dict[str, int]] = {
     "test": {"consumer": 17100, "provider": 17200},
     # throwaway clusters that tests of the cluster lifecycle itself start and tear down
     "scratch": {"consumer": 18100, "provider": 18200},
+    # side-by-side test clusters for developers running suites in parallel
+    # (GPUFERRY_TEST_PROFILE=dev1 make test)
+    "dev1": {"consumer": 19100, "provider": 19200},
+    "dev2": {"consumer": 20100, "provider": 20200},
 }
 
 

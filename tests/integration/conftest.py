@@ -1,4 +1,5 @@
-"""Session-scoped real clusters (profile "test") and a fresh namespace per test.
+"""Session-scoped real clusters (profile "test", or $GPUFERRY_TEST_PROFILE) and a fresh namespace
+per test.
 
 The clusters are the same hack/localcluster code the demo runs. If they are already up (a
 developer keeps them between runs with GPUFERRY_KEEP_CLUSTERS=1), they are reused and left up;
@@ -24,7 +25,7 @@ from .waiting import wait_for
 
 @pytest.fixture(scope="session")
 def clusters() -> Iterator[dict[str, LocalCluster]]:
-    found = profile_clusters("test")
+    found = profile_clusters(os.environ.get("GPUFERRY_TEST_PROFILE", "test"))
     reused = all(st.running for c in found.values() for st in c.status())
     for cluster in found.values():
         cluster.up(progress=lambda msg: print(msg, flush=True))
