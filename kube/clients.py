@@ -20,6 +20,7 @@ import orjson
 
 from .errors import KubeError, from_exception, from_response
 from .kubeconfigs import SERVICE_ACCOUNT_DIR, Connection, in_cluster, load_kubeconfig
+from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
 from .ratelimit import TokenBucket
 from .settings import ClientSettings
@@ -36,6 +37,18 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 }
 
 Params = Mapping[str, str | int | bool | None]
+
+_REQUESTS = counter("api_requests", "Requests sent to API servers, by verb.", ["verb"])
+_ERRORS = counter("api_errors", "Failed API requests, by verb and error class.", ["verb", "error"])
+
+
+def _verb(method: str, params: Params | None, streaming: bool) -> str:
+    """The Kubernetes verb of a request, roughly as the API server's audit log names it."""
+    if streaming:
+        return "watch" if (params or {}).get("watch") else "stream"
+    return {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
+        method.upper(), method.lower()
+    )
 
 
 def _query(params: Params | None) -> dict[str, str]:
@@ -149,6 +162,8 @@ class KubeClient:
             data = orjson.dumps(json)
             hdrs.setdefault("Content-Type", "application/json")
         await self.limiter.acquire()
+        verb = _verb(method, params, streaming=False)
+        _REQUESTS.labels(verb).inc()
         try:
             async with self.session.request(
                 method, self.base_url + path, params=_query(params), data=data, headers=hdrs,
@@ -157,10 +172,13 @@ class KubeClient:
                 body = await resp.read()
                 if resp.status >= 400:
                     raise from_response(resp.status, body, key, retry_after=resp.headers.get("Retry-After"))
-        except KubeError:
+        except KubeError as exc:
+            _ERRORS.labels(verb, type(exc).__name__).inc()
             raise
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise from_exception(exc, key) from exc
+            classified = from_exception(exc, key)
+            _ERRORS.labels(verb, type(classified).__name__).inc()
+            raise classified from exc
         if not body:
             return {}
         result = orjson.loads(body)
@@ -186,6 +204,8 @@ class KubeClient:
         timeout = aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout,
                                         sock_read=read_timeout)
         await self.limiter.acquire()
+        verb = _verb(method, params, streaming=True)
+        _REQUESTS.labels(verb).inc()
         try:
             async with self.session.request(
                 method, self.base_url + path, params=_query(params), headers=hdrs, timeout=timeout,
@@ -195,10 +215,13 @@ class KubeClient:
                     body = await resp.read()
                     raise from_response(resp.status, body, key, retry_after=resp.headers.get("Retry-After"))
                 yield resp
-        except KubeError:
+        except KubeError as exc:
+            _ERRORS.labels(verb, type(exc).__name__).inc()
             raise
         except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
-            raise from_exception(exc, key) from exc
+            classified = from_exception(exc, key)
+            _ERRORS.labels(verb, type(classified).__name__).inc()
+            raise classified from exc
 
     # -- typed verbs ---------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from .forge.labels import owner_selector
 from .forge.pods import ForgeOptions
 from .node.controller import NodeController
 from .reflection.caches import PodCache, consumer_key, twin_key_for
-from .reflection.pods import PodReflector
+from .reflection.pods import PodReflector, refresh_phase_gauge
 from .settings import VirtualKubeletSettings
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
         provider_cluster_id=settings.provider_cluster_id,
         virtual_node_name=settings.effective_node_name,
         namespace_strategy=settings.namespace_strategy,
+        grant_node_selector=dict(settings.provider_node_selector),
     )
 
 
@@ -57,8 +58,9 @@ async def _resync(queue: KeyedQueue[ObjectKey], reflector: PodReflector, every: 
             queue.add(key)
 
 
-async def _serve_metrics(port: int) -> None:
+async def _serve_metrics(port: int, reflector: PodReflector) -> None:
     async def metrics(_: web.Request) -> web.Response:
+        refresh_phase_gauge(reflector.local, reflector.remote)
         return web.Response(body=render(), content_type="text/plain")
 
     app = web.Application()
@@ -112,7 +114,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             "resync": _resync(queue, reflector, settings.resync_seconds),
         }
         if settings.metrics_port:
-            roots["metrics"] = _serve_metrics(settings.metrics_port)
+            roots["metrics"] = _serve_metrics(settings.metrics_port, reflector)
         try:
             await run_supervised(roots, logger=logger)
         finally:

@@ -18,7 +18,6 @@ from typing import Any
 
 import orjson
 import pytest
-import yaml
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
@@ -31,6 +30,7 @@ from vk.node.lease import LEASE_NAMESPACE
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .relay import Relay, kubeconfig_via
 from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration
@@ -243,64 +243,6 @@ async def test_largest_block_follows_the_pods_on_the_provider(
 
         await provider_client.delete(PODS, "takes-gpus", namespace, grace_period_seconds=0)
         await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, before), timeout=30)
-
-
-class Relay:
-    """A TCP relay to the provider API server that the test can cut and restore."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.server: asyncio.Server | None = None
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
-            return
-        self.writers |= {writer, up_writer}
-        try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        finally:
-            self.writers -= {writer, up_writer}
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        """Refuse new connections and cut the open ones (watches included)."""
-        if self.server is not None:
-            self.server.close()
-            for writer in list(self.writers):
-                writer.transport.abort()
-            await self.server.wait_closed()
-            self.server = None
-
-
-def kubeconfig_via(original: Path, server: str, directory: Path) -> Path:
-    config = yaml.safe_load(original.read_text())
-    for cluster in config["clusters"]:
-        cluster["cluster"]["server"] = server
-        for key in ("certificate-authority",):
-            if key in cluster["cluster"]:
-                cluster["cluster"][key] = str(original.parent / cluster["cluster"][key])
-    for user in config.get("users") or []:
-        for key in ("client-certificate", "client-key"):
-            if key in user["user"]:
-                user["user"][key] = str(original.parent / user["user"][key])
-    path = directory / "provider.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 async def test_unreachable_provider_makes_the_node_not_ready_and_keeps_the_lease(

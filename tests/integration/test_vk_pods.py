@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
@@ -60,6 +63,7 @@ async def vk(
         status_seconds=5,
         provider_probe_seconds=1,
         resync_seconds=5,
+        metrics_port=_free_port(),
     )
     task = asyncio.create_task(run(settings), name="virtual-kubelet")
     running = VirtualKubelet(settings, task)
@@ -90,6 +94,24 @@ async def vk(
     )
     for ns in twins["items"]:
         await provider_client.delete(NAMESPACES, ns["metadata"]["name"])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The virtual kubelet's /metrics, parsed: (name, labels) -> value."""
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
 
 
 def gpu_spec(gpus: int, *, tolerate: bool = True) -> dict[str, Any]:
@@ -165,6 +187,14 @@ async def test_deployment_runs_as_twins_on_provider_gpu_nodes_and_scales_to_zero
         assert p["status"]["phase"] == twin["status"]["phase"] == "Running"
         assert p["status"]["podIP"] == twin["status"]["podIP"]
         assert [c["ready"] for c in p["status"]["containerStatuses"]] == [True]
+
+    metrics = await scrape(vk.settings.metrics_port)
+    assert metrics[("gpuferry_vk_pods", frozenset({("side", "consumer"), ("phase", "Running")}))] == 10
+    assert metrics[("gpuferry_vk_pods", frozenset({("side", "provider"), ("phase", "Running")}))] == 10
+    assert metrics[("gpuferry_vk_offload_seconds_count", frozenset({("stage", "running")}))] >= 10
+    assert metrics[("gpuferry_vk_offload_seconds_count", frozenset({("stage", "twin_created")}))] >= 10
+    assert metrics[("gpuferry_queue_depth", frozenset({("queue", "sync_pods_to_remote")}))] >= 0
+    assert metrics[("gpuferry_api_requests_total", frozenset({("verb", "create")}))] >= 11  # twins + ns
 
     await consumer_client.patch(DEPLOYMENTS, "inference", {"spec": {"replicas": 0}}, ns)
     await wait_for_empty(consumer_client, PODS, ns)

@@ -36,6 +36,7 @@ What the twin keeps, drops and changes (each for a reason an operator can check)
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,6 +98,9 @@ class ForgeOptions:
     """Keep ``priorityClassName`` (the class must exist on the provider, or creation fails)."""
     keep_service_account_volumes: bool = False
     """Keep the projected ``kube-api-access-*`` volumes and mounts (for accessory reflection)."""
+    grant_node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The provider nodes the grant covers (e.g. one GPU product): added to every twin's
+    ``nodeSelector`` so that twins never land outside the slice they were granted."""
 
     @property
     def node(self) -> str:
@@ -151,7 +155,8 @@ def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions) -> dict[str, 
         spec.pop("priorityClassName", None)
     _set_or_drop(spec, "schedulerName", opts.provider_scheduler)
     identity = opts.identity
-    _set_or_drop(spec, "nodeSelector", forge_node_selector(spec.get("nodeSelector"), identity))
+    selector = {**(forge_node_selector(spec.get("nodeSelector"), identity) or {}), **opts.grant_node_selector}
+    _set_or_drop(spec, "nodeSelector", selector or None)
     _set_or_drop(spec, "affinity", forge_affinity(spec.get("affinity"), identity, opts.node))
     _set_or_drop(spec, "tolerations", forge_tolerations(spec.get("tolerations")))
     spec["automountServiceAccountToken"] = False

@@ -71,6 +71,14 @@ class PodCache:
     def keys(self) -> list[ObjectKey]:
         return list(self._objects)
 
+    def phases(self) -> dict[str, int]:
+        """How many cached pods are in each phase (``Pending`` when none is reported yet)."""
+        counts: dict[str, int] = {}
+        for pod in self._objects.values():
+            phase = str((pod.get("status") or {}).get("phase") or "Pending")
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
     def __len__(self) -> int:
         return len(self._objects)
 

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, NotFound
 from kube.logs import object_logger
-from kube.metrics import counter, histogram
+from kube.metrics import counter, gauge, histogram
 from kube.objects import EVENTS, NAMESPACES, PODS, ObjectKey, RawObject
 from kube.reconciling import Requeue
 
@@ -46,9 +46,12 @@ TWINS_CREATED = counter("vk_twins_created", "Twin pods created on the provider."
 TWINS_DELETED = counter("vk_twins_deleted", "Twin pods deleted on the provider.", ["why"])
 OFFLOAD_LATENCY = histogram(
     "vk_offload_seconds",
-    "Consumer pod creation to the consumer seeing it Running, in seconds.",
+    "Seconds from the consumer pod's creation to its twin being created (stage twin_created) and "
+    "to the consumer pod being reported Running (stage running).",
+    ["stage"],
     buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
 )
+PODS_BY_PHASE = gauge("vk_pods", "Consumer pods bound to the virtual node, by phase.", ["side", "phase"])
 
 GATE_RETRY_SECONDS = 10.0
 REASON_DELETED = "ProviderPodDeleted"
@@ -161,6 +164,7 @@ class PodReflector:
         except AlreadyExists:
             return Requeue(1.0)  # our cache is behind: look again once the watch caught up
         TWINS_CREATED.inc()
+        _observe_since(local, "twin_created")
         log.info("twin created in %s", twin["metadata"]["namespace"])
         return None
 
@@ -235,9 +239,7 @@ class PodReflector:
         await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
         old_phase = (local.get("status") or {}).get("phase")
         if new_status.get("phase") == "Running" and old_phase != "Running":
-            created = _parse_time(meta.get("creationTimestamp"))
-            if created is not None:
-                OFFLOAD_LATENCY.observe(max(0.0, time.time() - created))
+            _observe_since(local, "running")
         if new_status.get("phase") != old_phase:
             log.info("phase %s -> %s", old_phase, new_status.get("phase"))
 
@@ -269,6 +271,20 @@ class PodReflector:
         }
         await self.consumer.create(EVENTS, event, meta["namespace"])
         self._events_sent.add((meta["uid"], reason))
+
+
+def refresh_phase_gauge(local: PodCache, remote: PodCache) -> None:
+    """Set ``vk_pods{side,phase}`` from the caches (called before each /metrics scrape)."""
+    PODS_BY_PHASE.clear()
+    for side, cache in (("consumer", local), ("provider", remote)):
+        for phase, count in cache.phases().items():
+            PODS_BY_PHASE.labels(side, phase).set(count)
+
+
+def _observe_since(local: RawObject, stage: str) -> None:
+    created = _parse_time(local["metadata"].get("creationTimestamp"))
+    if created is not None:
+        OFFLOAD_LATENCY.labels(stage).observe(max(0.0, time.time() - created))
 
 
 def _now() -> str:

@@ -346,3 +346,19 @@ async def test_tls_server_not_trusted_is_unreachable(
     async with KubeClient.from_kubeconfig(path) as client:
         with pytest.raises(Unreachable):
             await client.request("GET", "/whoami")
+
+
+async def test_requests_and_errors_are_counted_by_verb(fake: FakeApi, client: KubeClient) -> None:
+    from kube.metrics import REGISTRY
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before_errors = sample("gpuferry_api_errors_total", verb="patch", error="ServerError")
+    before_gets = sample("gpuferry_api_requests_total", verb="get")
+    fake.faults = [Fault(503, "ServiceUnavailable")]
+    with pytest.raises(ServerError):
+        await client.patch(CONFIGMAPS, "a", {"data": {}}, NS)
+    await client.get(CONFIGMAPS, "a", namespace=NS)
+    assert sample("gpuferry_api_errors_total", verb="patch", error="ServerError") == before_errors + 1
+    assert sample("gpuferry_api_requests_total", verb="get") == before_gets + 1

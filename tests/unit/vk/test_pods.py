@@ -256,3 +256,20 @@ def test_update_never_unsets_the_deadline_or_removes_tolerations() -> None:
     remote["spec"]["activeDeadlineSeconds"] = 600
     remote["spec"]["tolerations"].append({"key": "provider-only", "operator": "Exists"})
     assert remote_pod_update(local, remote, OPTS) is None
+
+
+def test_the_grant_selector_keeps_twins_inside_the_granted_nodes() -> None:
+    opts = ForgeOptions(
+        consumer_cluster_id=CONSUMER_ID,
+        provider_cluster_id=PROVIDER_ID,
+        grant_node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "pool": "lent"},
+    )
+    local = consumer_pod()
+    local["spec"]["nodeSelector"] = {"kubernetes.io/hostname": opts.node, "zone": "a"}
+    twin = remote_pod(local, opts)
+    assert twin["spec"]["nodeSelector"] == {
+        "zone": "a",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "pool": "lent",
+    }
+    assert remote_pod_update(local, twin, opts) is None  # nodeSelector is immutable: never patched

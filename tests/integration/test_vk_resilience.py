@@ -1,0 +1,304 @@
+"""The virtual kubelet as a real process under the faults users hit: killed with SIGKILL in the
+middle of a burst and restarted, and a provider API that goes away for 30 s.
+
+All state lives in the two API servers, so a restart must converge without losing or
+duplicating a twin; a provider outage must make the node NotReady (with the Lease still renewed,
+so the consumer never sees it unreachable) and must not cost a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack.localcluster import LocalCluster
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import LEASES, NAMESPACES, NODES, PODS, RawObject
+from kube.watching import Listed, watch_objects
+from vk.forge.labels import ORIGIN_UID, VIRTUAL_NODE_TAINT_KEY, owner_selector
+
+from .conftest import NamespaceFactory
+from .relay import Relay, kubeconfig_via
+from .waiting import condition, wait_for
+
+pytestmark = pytest.mark.integration
+
+H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+TOLERATION = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+class VkProcess:
+    """``python -m vk`` as a child process, with its log in a file."""
+
+    def __init__(self, consumer: LocalCluster, provider_kubeconfig: Path, log: Path) -> None:
+        suffix = uuid.uuid4().hex[:6]
+        self.consumer_id = f"cons-{suffix}"
+        self.provider_id = f"prov-{suffix}"
+        self.node = f"gpuferry-{self.provider_id}"
+        self.log = log
+        self.args = [
+            sys.executable, "-m", "vk",
+            "--consumer-kubeconfig", str(consumer.spec.kubeconfig),
+            "--provider-kubeconfig", str(provider_kubeconfig),
+            "--consumer-id", self.consumer_id,
+            "--provider-id", self.provider_id,
+            "--resource", "nvidia.com/gpu=8", "--resource", "cpu=64",
+            "--resource", "memory=512Gi", "--resource", "pods=110",
+            "--provider-node-selector", H100,
+        ]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(f"---- start {self.starts}\n".encode())
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def assert_alive(self) -> None:
+        assert self.proc is not None
+        assert self.proc.poll() is None, f"the virtual kubelet exited:\n{self.tail()}"
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.asynccontextmanager
+async def virtual_kubelet(
+    consumer: LocalCluster,
+    provider_kubeconfig: Path,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    log: Path,
+) -> AsyncIterator[VkProcess]:
+    vk = VkProcess(consumer, provider_kubeconfig, log)
+    vk.start()
+    try:
+        await wait_for(consumer_client, NODES, vk.node, schedulable, timeout=60)
+        yield vk
+    except BaseException:
+        print(f"virtual kubelet log:\n{vk.tail(80)}")
+        raise
+    finally:
+        vk.stop()
+        for resource, name, ns in ((NODES, vk.node, None), (LEASES, vk.node, "kube-node-lease")):
+            with contextlib.suppress(NotFound):
+                await consumer_client.delete(resource, name, ns)
+        twins = await provider_client.list(NAMESPACES, label_selector=owner_selector(vk.consumer_id))
+        for ns_obj in twins["items"]:
+            await provider_client.delete(NAMESPACES, ns_obj["metadata"]["name"])
+
+
+def schedulable(node: RawObject) -> bool:
+    return (condition(node, "Ready") or {}).get("status") == "True" and not [
+        t for t in (node.get("spec") or {}).get("taints") or [] if t["key"] in LIFECYCLE_TAINTS
+    ]
+
+
+def pinned_pod(name: str, node: str, resources: dict[str, str]) -> RawObject:
+    """A pod that tolerates the virtual node and may only land on ``node``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "trainer:1", "resources": {"limits": resources}}],
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [TOLERATION],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+class TwinLedger:
+    """Every twin the provider ever had for one consumer, from a watch started before the test."""
+
+    def __init__(self, client: KubeClient, consumer_id: str) -> None:
+        self.client = client
+        self.selector = owner_selector(consumer_id)
+        self.created: dict[str, str] = {}  # twin uid -> origin uid
+        self.deleted: set[str] = set()
+        self.listed = asyncio.Event()
+        self.on_created: Callable[[], None] = lambda: None
+        self.task = asyncio.create_task(self._watch(), name="twin ledger")
+
+    async def _watch(self) -> None:
+        async for item in watch_objects(self.client, PODS, label_selector=self.selector):
+            if isinstance(item, Listed):
+                self.listed.set()
+                continue
+            meta = item.object["metadata"]
+            if item.type == "DELETED":
+                self.deleted.add(meta["uid"])
+            else:
+                self.created.setdefault(meta["uid"], (meta.get("labels") or {}).get(ORIGIN_UID, ""))
+                self.on_created()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def wait_all_running(client: KubeClient, namespace: str, count: int, timeout: float) -> list[RawObject]:
+    async def check() -> list[RawObject]:
+        while True:
+            pods = (await client.list(PODS, namespace=namespace))["items"]
+            if len(pods) == count and all((p.get("status") or {}).get("phase") == "Running" for p in pods):
+                return list(pods)
+            await asyncio.sleep(0.5)
+
+    try:
+        return await asyncio.wait_for(check(), timeout)
+    except TimeoutError:
+        pods = (await client.list(PODS, namespace=namespace))["items"]
+        phases: dict[str, int] = {}
+        for p in pods:
+            phase = (p.get("status") or {}).get("phase", "?")
+            phases[phase] = phases.get(phase, 0) + 1
+        raise AssertionError(f"not all {count} pods Running after {timeout}s: {phases}") from None
+
+
+async def test_killed_mid_burst_and_restarted_every_pod_runs_exactly_once(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    async with virtual_kubelet(
+        consumer, provider.spec.kubeconfig, consumer_client, provider_client, tmp_path / "vk.log"
+    ) as vk:
+        ledger = TwinLedger(provider_client, vk.consumer_id)
+        first_twin = asyncio.Event()
+        ledger.on_created = first_twin.set
+        try:
+            await asyncio.wait_for(ledger.listed.wait(), 10)
+            names = [f"burst-{i:02d}" for i in range(50)]
+            await asyncio.gather(
+                *(consumer_client.create(PODS, pinned_pod(n, vk.node, {"cpu": "100m"}), ns) for n in names)
+            )
+            # kill it as soon as the first twins exist: most of the burst is still in flight
+            try:
+                await asyncio.wait_for(first_twin.wait(), 60)
+            except TimeoutError:
+                raise AssertionError(f"no twin was created:\n{vk.tail()}") from None
+            vk.kill()
+            pods = (await consumer_client.list(PODS, namespace=ns))["items"]
+            running_at_kill = sum((p.get("status") or {}).get("phase") == "Running" for p in pods)
+            assert running_at_kill < len(names), "the burst was over before the kill: nothing tested"
+
+            vk.start()
+            pods = await wait_all_running(consumer_client, ns, len(names), timeout=120)
+            vk.assert_alive()
+            await asyncio.sleep(2)  # let any duplicate the restart might have made show up
+
+            consumer_uids = {p["metadata"]["uid"] for p in pods}
+            origins = list(ledger.created.values())
+            assert len(ledger.created) == len(names), (
+                f"{len(ledger.created)} twins created for {len(names)} pods (killed with "
+                f"{running_at_kill} Running)"
+            )
+            assert sorted(origins) == sorted(consumer_uids), "one twin per consumer pod, no more, no less"
+            assert not ledger.deleted, f"twins were deleted and recreated: {len(ledger.deleted)}"
+            twins = (await provider_client.list(PODS, label_selector=owner_selector(vk.consumer_id)))["items"]
+            assert all((t.get("status") or {}).get("phase") == "Running" for t in twins)
+            assert {t["metadata"]["uid"] for t in twins} == set(ledger.created)
+        finally:
+            await ledger.close()
+
+
+async def test_provider_outage_of_30s_costs_no_pod(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    relay = Relay(provider.spec.ports.apiserver)
+    await relay.start()
+    via = kubeconfig_via(provider.spec.kubeconfig, f"https://127.0.0.1:{relay.port}", tmp_path)
+    try:
+        log = tmp_path / "vk.log"
+        async with virtual_kubelet(consumer, via, consumer_client, provider_client, log) as vk:
+            names = ["outage-0", "outage-1", "outage-2"]
+            for n in names:
+                await consumer_client.create(PODS, pinned_pod(n, vk.node, {"nvidia.com/gpu": "1"}), ns)
+            before = await wait_all_running(consumer_client, ns, len(names), timeout=60)
+            twins_before = (await provider_client.list(PODS, label_selector=owner_selector(vk.consumer_id)))[
+                "items"
+            ]
+            assert len(twins_before) == len(names)
+
+            gone: list[str] = []
+            watcher = asyncio.create_task(_record_deletions(consumer_client, ns, gone))
+            try:
+                await relay.stop()
+                cut = time.monotonic()
+                node = await wait_for(
+                    consumer_client,
+                    NODES,
+                    vk.node,
+                    lambda n: (condition(n, "Ready") or {}).get("reason") == "ProviderUnreachable",
+                    timeout=30,
+                )
+                assert (condition(node, "Ready") or {})["status"] == "False"
+                await asyncio.sleep(max(0.0, 30 - (time.monotonic() - cut)))
+                node = await consumer_client.get(NODES, vk.node)
+                taints = {t["key"] for t in node["spec"].get("taints") or []}
+                assert "node.kubernetes.io/unreachable" not in taints, "the Lease keeps the node reachable"
+                vk.assert_alive()
+
+                await relay.start()
+                await wait_for(consumer_client, NODES, vk.node, schedulable, timeout=60)
+                after = await wait_all_running(consumer_client, ns, len(names), timeout=30)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+            assert not gone, f"consumer pods deleted or evicted during the outage: {gone}"
+            assert {p["metadata"]["uid"] for p in after} == {p["metadata"]["uid"] for p in before}
+            twins_after = (await provider_client.list(PODS, label_selector=owner_selector(vk.consumer_id)))[
+                "items"
+            ]
+            assert {t["metadata"]["uid"] for t in twins_after} == {t["metadata"]["uid"] for t in twins_before}
+    finally:
+        await relay.stop()
+
+
+async def _record_deletions(client: KubeClient, namespace: str, out: list[str]) -> None:
+    async for item in watch_objects(client, PODS, namespace=namespace):
+        if isinstance(item, Listed):
+            continue
+        obj: dict[str, Any] = item.object
+        if item.type == "DELETED" or obj["metadata"].get("deletionTimestamp"):
+            out.append(f"{item.type} {obj['metadata']['name']}")
