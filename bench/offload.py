@@ -24,6 +24,7 @@ from pathlib import Path
 from hack.localcluster import NodeSpec, profile_clusters
 from hack.localcluster.nodes import node_manifest
 from kube.clients import KubeClient
+from kube.errors import NotFound
 from kube.objects import NAMESPACES, NODES, PODS, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, watch_objects
@@ -77,6 +78,22 @@ async def create_and_time(client: KubeClient, namespace: str, count: int) -> tup
     total = time.monotonic() - start
     await watcher
     return [running[n] - created[n] for n in created], total
+
+
+async def wait_gone(client: KubeClient, namespace: str) -> None:
+    while True:
+        try:
+            await client.get(NAMESPACES, namespace)
+        except NotFound:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def wait_no_pods(client: KubeClient, label_selector: str) -> None:
+    while True:
+        if not (await client.list(PODS, label_selector=label_selector))["items"]:
+            return
+        await asyncio.sleep(0.5)
 
 
 def proc_stats(pid: int) -> tuple[float, int]:
@@ -166,6 +183,10 @@ async def bench(profile: str, counts: list[int]) -> None:
                     await asyncio.sleep(1.5)  # default ServiceAccount
                     results[side] = await create_and_time(client, ns, n)
                     await client.delete(NAMESPACES, ns)
+                    # the pods hold their GPUs until they are gone: the next run needs them
+                    await wait_gone(client, ns)
+                    if side == "offloaded":  # and the twins too
+                        await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
                 cpu, rss = proc_stats(vk.pid)
                 d, o = results["direct"], results["offloaded"]
                 print(
@@ -179,6 +200,9 @@ async def bench(profile: str, counts: list[int]) -> None:
         vk.terminate()
         vk.wait(10)
         provider.kubectl("delete", "nodes", *[n.name for n in extra], "--wait=false")
+        provider.kubectl(
+            "delete", "namespaces", "-l", f"gpuferry.io/origin-cluster-id={cons_id}", "--wait=false"
+        )
         consumer.kubectl("delete", "node", f"gpuferry-{prov_id}", "--ignore-not-found", "--wait=false")
 
 

@@ -106,6 +106,12 @@ async def run(settings: VirtualKubeletSettings) -> None:
             node_address=settings.node_address,
             fit=node,
         )
+
+        def retry_gated() -> None:
+            for key in reflector.gated_keys():
+                queue.add(key)
+
+        node.on_capacity_change(retry_gated)
         roots: dict[str, Coroutine[Any, Any, Any]] = {
             "node": node.run(),
             "watch_consumer_pods": local.run(),

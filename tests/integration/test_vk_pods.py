@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,8 +22,10 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import EVENTS, JOBS, LEASES, NAMESPACES, NODES, PODS, RawObject, Resource
 from vk.app import run
+from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
+from vk.reflection.pods import GATE_RETRY_SECONDS
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
@@ -31,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+H100_SELECTOR = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
 TOLERATION = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
 
 
@@ -49,9 +54,15 @@ class VirtualKubelet:
 
 @pytest.fixture
 async def vk(
-    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, provider_client: KubeClient
+    request: pytest.FixtureRequest,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
 ) -> AsyncIterator[VirtualKubelet]:
+    """A virtual kubelet running in-process; indirect parametrisation overrides settings."""
     suffix = uuid.uuid4().hex[:6]
+    overrides: dict[str, Any] = getattr(request, "param", {})
     settings = VirtualKubeletSettings(
         consumer_kubeconfig=consumer.spec.kubeconfig,
         provider_kubeconfig=provider.spec.kubeconfig,
@@ -65,6 +76,7 @@ async def vk(
         resync_seconds=5,
         metrics_port=_free_port(),
     )
+    settings = dataclasses.replace(settings, **overrides)
     task = asyncio.create_task(run(settings), name="virtual-kubelet")
     running = VirtualKubelet(settings, task)
     await wait_for(
@@ -250,6 +262,50 @@ async def test_pod_larger_than_any_provider_node_gets_a_clear_answer(
     assert "12 nvidia.com/gpu" in gated["status"]["message"]
     events = (await consumer_client.list(EVENTS, ns, field_selector="involvedObject.name=too-big"))["items"]
     assert [e["reason"] for e in events if e["reason"] == "ProviderCapacity"] == ["ProviderCapacity"]
+
+
+@pytest.mark.parametrize("vk", [{"resync_seconds": 300}], indirect=True)  # no resync to hide behind
+async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    provider_ns: str,
+) -> None:
+    # fill every H100 node with a blocker (bound directly, as a kubelet would see it)
+    nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
+    free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
+    whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
+    assert whole, f"the test needs one idle H100 node; free now: {free}"
+    for name, room in free.items():
+        gpus = int(room.get("nvidia.com/gpu", 0))
+        if gpus:
+            blocker = pod(f"blocker-{name}", gpus, tolerate=False)
+            blocker["spec"]["nodeName"] = name
+            await provider_client.create(PODS, blocker, provider_ns)
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("eight", 8), ns)
+    gated = await wait_for(
+        consumer_client,
+        PODS,
+        "eight",
+        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
+        namespace=ns,
+        timeout=20,
+    )
+    assert gated["status"]["phase"] == "Pending"
+
+    # room appears: the gate opens on the provider's watch, not on the 30 s retry timer
+    await provider_client.delete(PODS, f"blocker-{whole[0]}", provider_ns, grace_period_seconds=0)
+    freed = time.monotonic()
+    started = await wait_for(consumer_client, PODS, "eight", running, namespace=ns, timeout=60)
+    waited = time.monotonic() - freed
+    assert waited < GATE_RETRY_SECONDS, (
+        f"the gated pod waited {waited:.1f}s: it was not retried on the change"
+    )
+    assert "reason" not in started["status"], "the ProviderCapacity reason is cleared once running"
+    twin = await provider_client.get(PODS, "eight", vk.twin_ns(ns))
+    assert twin["spec"]["nodeName"] == whole[0]
 
 
 async def test_pod_without_the_toleration_never_lands_on_the_virtual_node(

@@ -42,7 +42,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -135,6 +135,7 @@ class NodeController:
         self._probed = asyncio.Event()
         self._probe_failures = 0
         self._dirty = asyncio.Event()
+        self._capacity_listeners: list[Callable[[], None]] = []
         self._last_update = -MIN_UPDATE_INTERVAL
         self._last_heartbeat = 0.0
         self._version = KUBELET_VERSION
@@ -178,8 +179,15 @@ class NodeController:
             logger=logger,
         )
 
+    def on_capacity_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
+        reflector re-examines gated pods then, instead of waiting for a timer)."""
+        self._capacity_listeners.append(listener)
+
     def _mark_dirty(self) -> None:
         self._dirty.set()
+        for listener in self._capacity_listeners:
+            listener()
 
     # ---- provider probe ------------------------------------------------------------------------
 

@@ -53,7 +53,9 @@ OFFLOAD_LATENCY = histogram(
 )
 PODS_BY_PHASE = gauge("vk_pods", "Consumer pods bound to the virtual node, by phase.", ["side", "phase"])
 
-GATE_RETRY_SECONDS = 10.0
+GATE_RETRY_SECONDS = 30.0
+"""Backstop for gated pods: they are looked at again as soon as provider capacity changes
+(:meth:`PodReflector.gated_keys`), and at the latest after this long."""
 REASON_DELETED = "ProviderPodDeleted"
 REASON_NO_FIT = "ProviderCapacity"
 
@@ -89,10 +91,16 @@ class PodReflector:
         self.remap_ip = remap_ip
         self._namespaces: set[str] = set()
         self._events_sent: set[tuple[str, str]] = set()
+        self._gated: set[ObjectKey] = set()
+
+    def gated_keys(self) -> list[ObjectKey]:
+        """Pods held back because they fit on no provider node now (to retry when that changes)."""
+        return list(self._gated)
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         log = object_logger(logger, "Pod", key)
         local, remote = self.local.get(key), self.remote.get(key)
+        self._gated.discard(key)
         if local is None:
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
@@ -100,7 +108,7 @@ class PodReflector:
         if local["metadata"].get("deletionTimestamp"):
             return await self._terminate(local, remote, log)
         if remote is None:
-            return await self._create(local, log)
+            return await self._create(key, local, log)
         origin = origin_of(remote)
         if origin is None or origin.uid != local["metadata"]["uid"]:
             await self._delete_twin(remote, grace=0, why="stale", log=log)
@@ -147,7 +155,7 @@ class PodReflector:
 
     # ---- creation ------------------------------------------------------------------------------
 
-    async def _create(self, local: RawObject, log: Any) -> Requeue | None:
+    async def _create(self, key: ObjectKey, local: RawObject, log: Any) -> Requeue | None:
         status = local.get("status") or {}
         if status.get("phase") in ("Succeeded", "Failed"):
             return None  # finished: its twin may be gone, nothing to run again
@@ -156,6 +164,7 @@ class PodReflector:
             return None
         if self.fitter is not None and (result := self.fitter.fit(local)) is not None and not result.ok:
             await self._gate(local, result, log)
+            self._gated.add(key)
             return Requeue(GATE_RETRY_SECONDS)
         await self._ensure_namespace(local["metadata"]["namespace"])
         twin = remote_pod(local, self.opts)
