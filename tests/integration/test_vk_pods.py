@@ -21,10 +21,11 @@ from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import EVENTS, JOBS, LEASES, NAMESPACES, NODES, PODS, RawObject, Resource
-from vk.app import run
+from vk.app import forge_options, run
 from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
+from vk.forge.pods import remote_pod
 from vk.reflection.pods import GATE_RETRY_SECONDS
 from vk.settings import VirtualKubeletSettings
 
@@ -353,3 +354,89 @@ async def test_twin_deleted_on_the_provider_is_reported_and_deletion_flows_both_
     await wait_for_deletion(consumer_client, PODS, "normal", ns, timeout=30)
     with pytest.raises(NotFound):
         await provider_client.get(PODS, "normal", vk.twin_ns(ns))
+
+
+async def test_allowed_spec_changes_reach_the_twin(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("evolving", 1), ns)
+    await wait_for(consumer_client, PODS, "evolving", running, namespace=ns, timeout=30)
+    await consumer_client.patch(
+        PODS,
+        "evolving",
+        {
+            "metadata": {"labels": {"stage": "eval"}, "annotations": {"team.example.com/owner": "ml"}},
+            "spec": {
+                "activeDeadlineSeconds": 3600,
+                "containers": [{"name": "cuda", "image": "nvcr.io/nvidia/pytorch:25.02-py3"}],
+            },
+        },
+        ns,
+        patch_type="strategic",
+    )
+    twin = await wait_for(
+        provider_client,
+        PODS,
+        "evolving",
+        lambda p: p["spec"]["containers"][0]["image"].endswith("25.02-py3"),
+        namespace=vk.twin_ns(ns),
+        timeout=15,
+    )
+    assert twin["metadata"]["labels"]["stage"] == "eval"
+    assert twin["metadata"]["annotations"]["team.example.com/owner"] == "ml"
+    assert twin["spec"]["activeDeadlineSeconds"] == 3600
+    assert twin["metadata"]["uid"], "patched in place, not recreated"
+
+
+async def test_an_orphan_twin_is_collected_on_resync(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("alive", 1), ns)
+    await wait_for(consumer_client, PODS, "alive", running, namespace=ns, timeout=30)
+    # a twin whose consumer pod no longer exists (as if deleted while the kubelet was down)
+    ghost = pod("ghost", 1)
+    ghost["metadata"].update(namespace=ns, uid=str(uuid.uuid4()))
+    await provider_client.create(PODS, remote_pod(ghost, forge_options(vk.settings)), vk.twin_ns(ns))
+    await wait_for_deletion(provider_client, PODS, "ghost", vk.twin_ns(ns), timeout=30)
+    assert (await provider_client.get(PODS, "alive", vk.twin_ns(ns)))["status"]["phase"] == "Running"
+
+
+async def test_a_twin_the_provider_scheduler_refuses_says_why_on_the_consumer(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    provider_ns: str,
+) -> None:
+    # every H100 node already has a pod on host port 8080: the fit gate (GPUs) lets the pod
+    # through, the provider's scheduler cannot place it
+    for node in (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]:
+        blocker = pod(f"port-{node['metadata']['name']}", 0, tolerate=False)
+        blocker["spec"]["nodeName"] = node["metadata"]["name"]
+        blocker["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
+        await provider_client.create(PODS, blocker, provider_ns)
+    ns = await make_namespace(consumer_client)
+    server = pod("server", 1)
+    server["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
+    await consumer_client.create(PODS, server, ns)
+    pending = await wait_for(
+        consumer_client,
+        PODS,
+        "server",
+        lambda p: p.get("status", {}).get("reason") == "ProviderUnschedulable",
+        namespace=ns,
+        timeout=30,
+    )
+    assert pending["status"]["phase"] == "Pending"
+    assert pending["status"]["message"].startswith("provider scheduler: 0/")
+    assert "free ports" in pending["status"]["message"]
+    # on the consumer the pod is scheduled (on the virtual node), whatever the provider says
+    assert (condition(pending, "PodScheduled") or {}).get("status") == "True"
