@@ -1,0 +1,133 @@
+"""The consumer's MutatingAdmissionPolicy for offloaded namespaces, on the real API server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+from kube.clients import KubeClient
+from kube.objects import PODS, RawObject, Resource
+from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
+from peering.crds import ensure_crds
+
+from .conftest import NamespaceFactory
+
+pytestmark = pytest.mark.integration
+
+POLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicy",
+    namespaced=False,
+)
+BINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicybindings",
+    "MutatingAdmissionPolicyBinding",
+    namespaced=False,
+)
+OFFLOADINGS = Resource(
+    "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
+)
+
+
+@pytest.fixture
+async def policy(consumer_client: KubeClient) -> None:
+    await ensure_crds(consumer_client)
+    for resource, body in ((POLICIES, admission_policy()), (BINDINGS, admission_binding())):
+        await consumer_client.patch(
+            resource, body["metadata"]["name"], body, patch_type="apply", field_manager="gpuferry", force=True
+        )
+
+
+def gpu_pod(name: str, **spec: Any) -> RawObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            **spec,
+        },
+    }
+
+
+async def offload(client: KubeClient, namespace: str, strategy: str) -> None:
+    body = {
+        "apiVersion": OFFLOADINGS.api_version,
+        "kind": OFFLOADINGS.kind,
+        "metadata": {"name": OFFLOADING_NAME},
+        "spec": {"podOffloadingStrategy": strategy},
+    }
+    await client.create(OFFLOADINGS, body, namespace)
+
+
+async def admitted(
+    client: KubeClient, namespace: str, pod: RawObject, *, expect_mutated: bool = True
+) -> RawObject:
+    """The pod as admitted (dry run). The policy and its parameters reach the admission plugin
+    through informers, so a first answer may predate them: ask again for a few seconds."""
+    answer: RawObject = {}
+    for _ in range(50):
+        name = f"{pod['metadata']['name']}-{uuid.uuid4().hex[:4]}"
+        answer = await client.create(PODS, {**pod, "metadata": {"name": name}}, namespace, dry_run=True)
+        if tolerates(answer) == expect_mutated:
+            return answer
+        await asyncio.sleep(0.2)
+    return answer
+
+
+def tolerates(pod: RawObject) -> bool:
+    return any(t.get("key") == TAINT_KEY for t in pod["spec"].get("tolerations") or [])
+
+
+async def test_pods_of_an_offloaded_namespace_become_eligible_for_virtual_nodes(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    pod = await admitted(consumer_client, ns, gpu_pod("train"))
+    matching = [t for t in pod["spec"]["tolerations"] if t.get("key") == TAINT_KEY]
+    assert matching == [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}]
+    assert "type" not in (pod["spec"].get("nodeSelector") or {}), "LocalAndRemote: the scheduler chooses"
+    # the default tolerations admission adds are still there
+    assert {t["key"] for t in pod["spec"]["tolerations"]} >= {"node.kubernetes.io/not-ready"}
+
+    # a pod that already tolerates the taint is not given a second toleration
+    own = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+    pod = await admitted(consumer_client, ns, gpu_pod("explicit", tolerations=[own]))
+    assert [t for t in pod["spec"]["tolerations"] if t.get("key") == TAINT_KEY] == [own]
+
+
+async def test_remote_only_pins_pods_to_virtual_nodes_and_keeps_their_selector(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "Remote")
+    pod = await admitted(
+        consumer_client,
+        ns,
+        gpu_pod("train", nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+    )
+    assert pod["spec"]["nodeSelector"] == {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+        "type": "virtual-kubelet",
+    }
+    pod = await admitted(consumer_client, ns, gpu_pod("bare"))
+    assert pod["spec"]["nodeSelector"] == {"type": "virtual-kubelet"}
+
+
+async def test_other_namespaces_are_left_alone(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    offloaded, plain = await make_namespace(consumer_client), await make_namespace(consumer_client)
+    await offload(consumer_client, offloaded, "Remote")
+    await admitted(consumer_client, offloaded, gpu_pod("probe"))  # the policy is live now
+    pod = await consumer_client.create(PODS, gpu_pod("local"), plain, dry_run=True)
+    assert not tolerates(pod)
+    assert "nodeSelector" not in pod["spec"]
