@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 from .errors import KubeError, from_exception, from_response
-from .kubeconfigs import SERVICE_ACCOUNT_DIR, Connection, in_cluster, load_kubeconfig
+from .kubeconfigs import SERVICE_ACCOUNT_DIR, Connection, in_cluster, load_kubeconfig, load_kubeconfig_data
 from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
 from .ratelimit import TokenBucket
@@ -74,6 +74,12 @@ class KubeClient:
                         settings: ClientSettings | None = None) -> KubeClient:
         """A client for ``context`` (default: the current one) of the kubeconfig at ``path``."""
         return cls(load_kubeconfig(path, context), settings)
+
+    @classmethod
+    def from_kubeconfig_data(cls, data: str | bytes, context: str | None = None,
+                             settings: ClientSettings | None = None, *, source: str = "<data>") -> KubeClient:
+        """A client for a kubeconfig held in memory (a Secret's value), never written to disk."""
+        return cls(load_kubeconfig_data(data, context, source=source), settings)
 
     @classmethod
     def in_cluster(cls, settings: ClientSettings | None = None,

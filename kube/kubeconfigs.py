@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 import yaml
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "ConfigError", "Connection", "ExecPlugin", "in_cluster", "load_kubeconfig"]
+__all__ = ["SERVICE_ACCOUNT_DIR", "ConfigError", "Connection", "ExecPlugin", "in_cluster", "load_kubeconfig",
+           "load_kubeconfig_data"]
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -150,9 +151,31 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) ->
     """
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text()
+    except OSError as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    return _connection(text, context, path)
+
+
+def load_kubeconfig_data(
+    data: str | bytes, context: str | None = None, *, source: str = "<data>"
+) -> Connection:
+    """The connection of ``context`` in a kubeconfig held in memory (e.g. a Secret's value).
+
+    ``source`` names it in errors; file references are resolved against the current directory,
+    so a kubeconfig kept in a Secret should embed its certificates (``*-data`` fields).
+    """
+    text = data.decode() if isinstance(data, bytes) else data
+    return _connection(text, context, Path(source))
+
+
+def _connection(text: str, context: str | None, path: Path) -> Connection:
+    try:
+        config = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a kubeconfig")
     name = context or config.get("current-context")
     if not name:
         raise ConfigError(f"{path}: no context given and no current-context")

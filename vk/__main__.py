@@ -14,8 +14,8 @@ from kube.kubeconfigs import ConfigError
 from kube.logs import setup_logging
 from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
 
-from .app import run
-from .settings import VirtualKubeletSettings
+from .app import VirtualNodeChanged, VirtualNodeGone, run, run_virtual_node
+from .settings import VirtualKubeletSettings, VirtualNodeError
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -35,9 +35,16 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         "granted by a provider; pods bound to it run as twin pods on the provider.",
     )
     p.add_argument("--consumer-kubeconfig", type=Path, help="consumer kubeconfig (default: in-cluster)")
-    p.add_argument("--provider-kubeconfig", type=Path, required=True, help="provider kubeconfig")
-    p.add_argument("--consumer-id", required=True, help="consumer cluster ID (twin-namespace suffix)")
-    p.add_argument("--provider-id", required=True, help="provider cluster ID")
+    p.add_argument(
+        "--virtual-node",
+        metavar="NAMESPACE/NAME",
+        help="run for this VirtualNode: node, grant and provider identity come from it and its "
+        "kubeconfig Secret (then the provider flags below are not used); the process exits 0 "
+        "when the VirtualNode is deleted (after removing the node) and 75 when it changes",
+    )
+    p.add_argument("--provider-kubeconfig", type=Path, help="provider kubeconfig (without --virtual-node)")
+    p.add_argument("--consumer-id", help="consumer cluster ID, twin namespace suffix (no --virtual-node)")
+    p.add_argument("--provider-id", help="provider cluster ID (without --virtual-node)")
     p.add_argument("--node-name", default="", help="Node name (default: gpuferry-<provider-id>)")
     p.add_argument(
         "--resource",
@@ -63,11 +70,21 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on 127.0.0.1:PORT")
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
     args = p.parse_args(argv)
+    if args.virtual_node:
+        namespace, sep, name = args.virtual_node.partition("/")
+        if not sep or not namespace or not name:
+            p.error(f"--virtual-node expects NAMESPACE/NAME, got {args.virtual_node!r}")
+    else:
+        missing = [f for f in ("provider_kubeconfig", "consumer_id", "provider_id") if not getattr(args, f)]
+        if missing:
+            flags = ", ".join("--" + f.replace("_", "-") for f in missing)
+            p.error(f"without --virtual-node these are required: {flags}")
     return VirtualKubeletSettings(
         consumer_kubeconfig=args.consumer_kubeconfig,
         provider_kubeconfig=args.provider_kubeconfig,
-        consumer_cluster_id=args.consumer_id,
-        provider_cluster_id=args.provider_id,
+        consumer_cluster_id=args.consumer_id or "",
+        provider_cluster_id=args.provider_id or "",
+        virtual_node=args.virtual_node or "",
         node_name=args.node_name,
         resources=_pairs(args.resource, "--resource"),
         provider_node_selector=_pairs(args.provider_node_selector, "--provider-node-selector"),
@@ -82,13 +99,31 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
     )
 
 
+EXIT_CHANGED = 75
+"""Exit status when the VirtualNode changed: "run me again" (EX_TEMPFAIL) for the supervisor."""
+
+
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(LoggingSettings.from_env())
+    log = logging.getLogger("vk")
     try:
-        asyncio.run(run(settings))
+        if settings.virtual_node:
+            namespace, _, name = settings.virtual_node.partition("/")
+            asyncio.run(run_virtual_node(namespace, name, settings))
+        else:
+            asyncio.run(run(settings))
+    except VirtualNodeGone as exc:
+        log.info("%s", exc)
+        return 0
+    except VirtualNodeChanged as exc:
+        log.info("%s", exc)
+        return EXIT_CHANGED
+    except VirtualNodeError as exc:
+        log.error("cannot run: %s", exc)
+        return 2
     except (ConfigError, KubeError) as exc:
-        logging.getLogger("vk").error("stopped: %s", exc)
+        log.error("stopped: %s", exc)
         return 1
     except KeyboardInterrupt:
         return 130

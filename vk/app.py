@@ -8,6 +8,7 @@ restarts it; all state is in the two API servers).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any
@@ -15,20 +16,26 @@ from typing import Any
 from aiohttp import web
 
 from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.kubeconfigs import ConfigError
 from kube.metrics import render
-from kube.objects import ObjectKey
+from kube.objects import LEASES, NODES, SECRETS, ObjectKey, Resource
 from kube.queueing import KeyedQueue
 from kube.reconciling import run_workers
 from kube.tasks import run_supervised
+from kube.watching import Listed, watch_objects
 
 from .forge.labels import owner_selector
 from .forge.pods import ForgeOptions
 from .node.controller import NodeController
+from .node.lease import LEASE_NAMESPACE
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.pods import PodReflector, refresh_phase_gauge
-from .settings import VirtualKubeletSettings
+from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
 
 logger = logging.getLogger(__name__)
+
+VIRTUALNODES = Resource("offloading.gpuferry.io", "v1alpha1", "virtualnodes", "VirtualNode", namespaced=True)
 
 
 def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
@@ -74,10 +81,87 @@ async def _serve_metrics(port: int, reflector: PodReflector) -> None:
         await asyncio.shield(runner.cleanup())
 
 
+def _provider_client(settings: VirtualKubeletSettings) -> KubeClient:
+    if settings.provider_kubeconfig_data is not None:
+        source = f"Secret of VirtualNode {settings.virtual_node}"
+        return KubeClient.from_kubeconfig_data(
+            settings.provider_kubeconfig_data, settings=settings.provider_client, source=source
+        )
+    if settings.provider_kubeconfig is None:
+        raise ConfigError("no provider kubeconfig: give a file or a VirtualNode")
+    return KubeClient.from_kubeconfig(settings.provider_kubeconfig, settings=settings.provider_client)
+
+
+class VirtualNodeGone(Exception):
+    """The VirtualNode this kubelet runs for was deleted: the node was removed, the process ends."""
+
+
+class VirtualNodeChanged(Exception):
+    """The VirtualNode's spec changed: the process ends so that its supervisor starts it anew."""
+
+
+async def run_virtual_node(namespace: str, name: str, base: VirtualKubeletSettings) -> None:
+    """Run the virtual kubelet of the ``VirtualNode`` ``namespace/name`` (settings from it and
+    its kubeconfig Secret, tuning from ``base``) until the object changes or goes away.
+
+    Raises :class:`VirtualNodeChanged` when its spec changes (the supervisor restarts the
+    process, which reads the new spec) and :class:`VirtualNodeGone` once it is deleted, after
+    removing the Node and its Lease; :class:`vk.settings.VirtualNodeError` when it cannot run.
+    """
+    async with KubeClient.from_config(base.consumer_kubeconfig, settings=base.consumer_client) as consumer:
+        try:
+            vn = await consumer.get(VIRTUALNODES, name, namespace)
+        except NotFound:
+            raise VirtualNodeError(f"VirtualNode {namespace}/{name} not found") from None
+        ref = (vn.get("spec") or {}).get("kubeconfigSecretRef") or {}
+        try:
+            secret = await consumer.get(SECRETS, str(ref.get("name", "")), namespace)
+        except NotFound:
+            raise VirtualNodeError(
+                f"VirtualNode {namespace}/{name}: kubeconfig Secret {ref.get('name')!r} not found"
+            ) from None
+        settings = from_virtual_node(vn, secret, base)
+        generation = vn["metadata"].get("generation")
+        logger.info("VirtualNode %s/%s generation %s: node %s for provider %s", namespace, name,
+                    generation, settings.effective_node_name, settings.provider_cluster_id)
+
+        outcome: list[str] = []
+
+        async def follow() -> None:
+            async for item in watch_objects(
+                consumer, VIRTUALNODES, namespace=namespace, field_selector=f"metadata.name={name}"
+            ):
+                if isinstance(item, Listed):
+                    if not item.keys:
+                        outcome.append("gone")
+                        return
+                elif item.type == "DELETED" or item.object["metadata"].get("deletionTimestamp"):
+                    outcome.append("gone")
+                    return
+                elif item.object["metadata"].get("generation") != generation:
+                    outcome.append("changed")
+                    return
+
+        roots = {"follow_virtual_node": follow(), "virtual_kubelet": run(settings)}
+        await run_supervised(roots, logger=logger)
+        if outcome == ["changed"]:
+            raise VirtualNodeChanged(f"VirtualNode {namespace}/{name} changed: restart to apply it")
+        # the kubelet is stopped: nothing re-registers the node behind our back
+        await _remove_node(consumer, settings.effective_node_name)
+        node = settings.effective_node_name
+        raise VirtualNodeGone(f"VirtualNode {namespace}/{name} deleted: node {node} removed")
+
+
+async def _remove_node(consumer: KubeClient, node: str) -> None:
+    for resource, ns in ((NODES, None), (LEASES, LEASE_NAMESPACE)):
+        with contextlib.suppress(NotFound):
+            await consumer.delete(resource, node, ns)
+
+
 async def run(settings: VirtualKubeletSettings) -> None:
     """Run the virtual kubelet until a root task ends (or the task running this is cancelled)."""
     consumer = KubeClient.from_config(settings.consumer_kubeconfig, settings=settings.consumer_client)
-    provider = KubeClient.from_kubeconfig(settings.provider_kubeconfig, settings=settings.provider_client)
+    provider = _provider_client(settings)
     async with consumer, provider:
         node = NodeController(consumer=consumer, provider=provider, settings=settings)
         queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)

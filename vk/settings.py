@@ -6,8 +6,10 @@ same fields from that object; nothing else reads configuration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from kube.settings import ClientSettings, QueueSettings, WatchSettings
 
@@ -18,8 +20,12 @@ from .forge.names import NamespaceStrategy, node_name
 class VirtualKubeletSettings:
     consumer_kubeconfig: Path | None
     """Kubeconfig of the consumer cluster (where the virtual node lives); None: in-cluster."""
-    provider_kubeconfig: Path
-    """Kubeconfig of the provider cluster: the scoped identity the peering issued."""
+    provider_kubeconfig: Path | None
+    """Kubeconfig file of the provider cluster: the scoped identity the peering issued."""
+    provider_kubeconfig_data: bytes | None = field(default=None, repr=False)
+    """The same kubeconfig held in memory (read from the VirtualNode's Secret); wins over the file."""
+    virtual_node: str = ""
+    """``namespace/name`` of the VirtualNode these settings were read from (empty: from flags)."""
     consumer_cluster_id: str
     """ID of the consumer cluster: twin-namespace suffix and ownership label value."""
     provider_cluster_id: str
@@ -58,3 +64,50 @@ class VirtualKubeletSettings:
     @property
     def effective_node_name(self) -> str:
         return self.node_name or node_name(self.provider_cluster_id)
+
+
+class VirtualNodeError(ValueError):
+    """A VirtualNode (or its Secret) that cannot be run as it is: a permanent error until edited."""
+
+
+def from_virtual_node(
+    virtual_node: Mapping[str, Any],
+    kubeconfig_secret: Mapping[str, Any],
+    base: VirtualKubeletSettings,
+) -> VirtualKubeletSettings:
+    """Settings for the ``VirtualNode`` object and the Secret its ``kubeconfigSecretRef`` names,
+    on top of ``base`` (tuning and the consumer kubeconfig, from the entry point).
+
+    Pure: the caller reads both objects. Raises :class:`VirtualNodeError` with the object named
+    when the Secret lacks the key or the spec lacks what a node needs.
+    """
+    import base64
+    import binascii
+
+    meta = virtual_node.get("metadata") or {}
+    where = f"VirtualNode {meta.get('namespace', '')}/{meta.get('name', '')}"
+    spec = virtual_node.get("spec") or {}
+    for required in ("providerClusterID", "consumerClusterID", "nodeName", "kubeconfigSecretRef"):
+        if not spec.get(required):
+            raise VirtualNodeError(f"{where}: spec.{required} is missing")
+    ref = spec["kubeconfigSecretRef"]
+    key = ref.get("key") or "kubeconfig"
+    encoded = (kubeconfig_secret.get("data") or {}).get(key)
+    if not encoded:
+        raise VirtualNodeError(f"{where}: Secret {ref.get('name')} has no key {key!r}")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise VirtualNodeError(f"{where}: Secret {ref.get('name')} key {key!r} is not base64: {exc}") from exc
+    return replace(
+        base,
+        provider_kubeconfig=None,
+        provider_kubeconfig_data=data,
+        virtual_node=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
+        consumer_cluster_id=str(spec["consumerClusterID"]),
+        provider_cluster_id=str(spec["providerClusterID"]),
+        node_name=str(spec["nodeName"]),
+        resources={str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
+        node_labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
+        provider_node_selector={str(k): str(v) for k, v in (spec.get("providerNodeSelector") or {}).items()},
+    )

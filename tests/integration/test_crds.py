@@ -522,6 +522,7 @@ def test_bad_object_is_refused(env: Env, build: Callable[[], Obj], expected: lis
         ("GPUSlice", "consumerClusterID", "someone-else"),
         ("VirtualNode", "providerClusterID", "someone-else"),
         ("VirtualNode", "nodeName", "gpuferry-someone-else"),
+        ("VirtualNode", "consumerClusterID", "someone-else"),
         ("PeerNetwork", "clusterID", "someone-else"),
         ("NamespaceOffloading", "namespaceMappingStrategy", "SameName"),
     ],

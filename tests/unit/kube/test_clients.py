@@ -362,3 +362,16 @@ async def test_requests_and_errors_are_counted_by_verb(fake: FakeApi, client: Ku
     await client.get(CONFIGMAPS, "a", namespace=NS)
     assert sample("gpuferry_api_errors_total", verb="patch", error="ServerError") == before_errors + 1
     assert sample("gpuferry_api_requests_total", verb="get") == before_gets + 1
+
+
+async def test_a_kubeconfig_held_in_memory(fake: FakeApi, kubeconfig: Path) -> None:
+    from kube.kubeconfigs import load_kubeconfig_data
+
+    async with KubeClient.from_kubeconfig_data(kubeconfig.read_bytes(), source="secret ns/kc") as client:
+        answer = await client.get(CONFIGMAPS, "a", namespace=NS)
+    assert answer["method"] == "GET"
+    assert fake.requests[-1].headers["Authorization"] == f"Bearer {TOKEN}"
+    with pytest.raises(ConfigError, match="secret ns/kc"):
+        load_kubeconfig_data(b"- just\n- a list\n", source="secret ns/kc")
+    with pytest.raises(ConfigError, match="secret ns/kc: no context"):
+        load_kubeconfig_data("apiVersion: v1\nkind: Config\n", source="secret ns/kc")

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vk.__main__ import parse_settings
+from vk.settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
+
+BASE = VirtualKubeletSettings(
+    consumer_kubeconfig=Path("/etc/consumer.kubeconfig"),
+    provider_kubeconfig=None,
+    consumer_cluster_id="",
+    provider_cluster_id="",
+    workers=4,
+)
+KUBECONFIG = b"apiVersion: v1\nkind: Config\n"
+
+
+def virtual_node(**spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "farm-a", "namespace": "gpuferry-system", "generation": 1},
+        "spec": {
+            "providerClusterID": "farm-a",
+            "consumerClusterID": "ml-eu1",
+            "nodeName": "gpuferry-farm-a",
+            "resources": {"nvidia.com/gpu": 8, "cpu": "64", "memory": "512Gi"},
+            "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "providerNodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "kubeconfigSecretRef": {"name": "farm-a-kubeconfig"},
+            **spec,
+        },
+    }
+
+
+def secret(data: bytes = KUBECONFIG, key: str = "kubeconfig") -> dict[str, Any]:
+    return {"data": {key: base64.b64encode(data).decode()}}
+
+
+def test_settings_come_from_the_virtual_node_and_its_secret() -> None:
+    settings = from_virtual_node(virtual_node(), secret(), BASE)
+    assert settings.virtual_node == "gpuferry-system/farm-a"
+    assert (settings.provider_cluster_id, settings.consumer_cluster_id) == ("farm-a", "ml-eu1")
+    assert settings.effective_node_name == "gpuferry-farm-a"
+    assert settings.resources == {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi"}
+    assert settings.node_labels == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert settings.provider_node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert settings.provider_kubeconfig_data == KUBECONFIG
+    assert settings.provider_kubeconfig is None
+    # tuning stays the entry point's
+    assert settings.workers == 4 and settings.consumer_kubeconfig == BASE.consumer_kubeconfig
+    assert "apiVersion" not in repr(settings), "the kubeconfig (a credential) is never printed"
+
+
+def test_a_custom_secret_key_is_honoured() -> None:
+    vn = virtual_node(kubeconfigSecretRef={"name": "s", "key": "provider.yaml"})
+    assert from_virtual_node(vn, secret(key="provider.yaml"), BASE).provider_kubeconfig_data == KUBECONFIG
+
+
+@pytest.mark.parametrize(
+    "vn,sec,message",
+    [
+        (virtual_node(consumerClusterID=""), secret(), "spec.consumerClusterID is missing"),
+        (virtual_node(), secret(key="other"), "Secret farm-a-kubeconfig has no key 'kubeconfig'"),
+        (virtual_node(), {"data": {"kubeconfig": "%%%"}}, "is not base64"),
+    ],
+)
+def test_unusable_virtual_nodes_are_named_in_the_error(vn: Any, sec: Any, message: str) -> None:
+    with pytest.raises(VirtualNodeError, match="VirtualNode gpuferry-system/farm-a") as err:
+        from_virtual_node(vn, sec, BASE)
+    assert message in str(err.value)
+
+
+def test_flags_need_a_provider_unless_a_virtual_node_is_given(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = parse_settings(["--virtual-node", "gpuferry-system/farm-a"])
+    assert settings.virtual_node == "gpuferry-system/farm-a"
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(["--consumer-id", "c"])
+    assert exit_.value.code == 2
+    assert "--provider-kubeconfig, --provider-id" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_settings(["--virtual-node", "no-slash"])
+    assert "NAMESPACE/NAME" in capsys.readouterr().err
