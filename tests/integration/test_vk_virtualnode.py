@@ -10,10 +10,8 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
@@ -25,26 +23,12 @@ from vk.app import VIRTUALNODES
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 
 from .conftest import NamespaceFactory
+from .kubeconfigs import embedded_kubeconfig
 from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration
 
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-
-
-def embedded_kubeconfig(path: Path) -> bytes:
-    """The kubeconfig at ``path`` with its certificate files embedded, as a Secret holds it."""
-    config: dict[str, Any] = yaml.safe_load(path.read_text())
-    for section, keys in (
-        ("clusters", ("certificate-authority",)),
-        ("users", ("client-certificate", "client-key")),
-    ):
-        for entry in config[section]:
-            inner = entry["cluster" if section == "clusters" else "user"]
-            for key in keys:
-                if key in inner:
-                    inner[f"{key}-data"] = base64.b64encode(Path(inner.pop(key)).read_bytes()).decode()
-    return yaml.safe_dump(config).encode()
 
 
 async def wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> int:

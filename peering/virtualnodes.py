@@ -1,0 +1,234 @@
+"""The consumer's VirtualNode controller: one virtual kubelet process per VirtualNode.
+
+For each ``VirtualNode`` it runs ``python -m vk --virtual-node NS/NAME`` (the virtual kubelet
+reads everything else from the object and its kubeconfig Secret; this package never imports
+``vk``: they meet through the object and a command line) and keeps it running:
+
+* exit 75 — the VirtualNode's spec changed: start it again at once, it reads the new spec;
+* exit 0 — the VirtualNode was deleted and the kubelet removed its node: done;
+* exit 2 — the object cannot be run as it is (missing Secret…): ``phase: Failed`` with the
+  kubelet's own message, and no restart until the object changes;
+* anything else — a crash: restart with exponential backoff (1 s … 60 s), ``phase: Pending``.
+
+``status.phase`` says where it stands and ``status.conditions[KubeletRunning]`` why. When the
+controller stops, its children are stopped (SIGTERM, then SIGKILL): their nodes stay and their
+Leases expire, exactly as for a real kubelet that went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.errors import KubeError, NotFound
+from kube.logs import object_logger
+from kube.metrics import counter, gauge
+from kube.objects import ObjectKey, RawObject, Resource
+from kube.watching import Listed, watch_objects
+
+__all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor"]
+
+logger = logging.getLogger(__name__)
+
+VIRTUALNODES = Resource("offloading.gpuferry.io", "v1alpha1", "virtualnodes", "VirtualNode", namespaced=True)
+
+EXIT_GONE = 0
+EXIT_INVALID = 2
+EXIT_CHANGED = 75
+
+_RUNNING = gauge("virtual_kubelets_running", "Virtual kubelet processes running.")
+_STARTS = counter("virtual_kubelet_starts", "Virtual kubelet processes started, by why.", ["why"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class SupervisorSettings:
+    consumer_kubeconfig: Path | None
+    """Kubeconfig handed to each virtual kubelet (None: in-cluster)."""
+    namespace: str | None = None
+    """Watch VirtualNodes in this namespace only (None: all namespaces)."""
+    log_dir: Path | None = None
+    """Each kubelet's output goes to ``<log_dir>/<namespace>.<name>.log`` (None: inherited)."""
+    python: str = sys.executable
+    extra_args: Sequence[str] = field(default_factory=tuple)
+    """Extra flags for ``python -m vk`` (e.g. ``--metrics-port``), the same for every node."""
+    stop_grace: float = 10.0
+    max_backoff: float = 60.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Child:
+    """The process loop of one VirtualNode."""
+
+    def __init__(self, supervisor: VirtualNodeSupervisor, key: ObjectKey, generation: int | None) -> None:
+        self.supervisor = supervisor
+        self.key = key
+        self.generation = generation
+        self.log = object_logger(logger, "VirtualNode", key)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.task = asyncio.create_task(self._loop(), name=f"virtual-kubelet {key}")
+
+    def _command(self) -> list[str]:
+        s = self.supervisor.settings
+        cmd = [s.python, "-m", "vk", "--virtual-node", f"{self.key.namespace}/{self.key.name}"]
+        if s.consumer_kubeconfig is not None:
+            cmd += ["--consumer-kubeconfig", str(s.consumer_kubeconfig)]
+        return cmd + list(s.extra_args)
+
+    def _log_path(self) -> Path | None:
+        log_dir = self.supervisor.settings.log_dir
+        return None if log_dir is None else log_dir / f"{self.key.namespace}.{self.key.name}.log"
+
+    async def _loop(self) -> None:
+        failures, why = 0, "new"
+        while True:
+            code, tail = await self._run_once(why)
+            if code == EXIT_GONE:
+                self.log.info("virtual kubelet ended: its VirtualNode is gone")
+                return
+            if code == EXIT_CHANGED:
+                failures, why = 0, "changed"
+                continue
+            if code == EXIT_INVALID:
+                self.log.error("virtual kubelet cannot run this VirtualNode: %s", tail)
+                await self.supervisor.set_status(self.key, "Failed", "False", "InvalidVirtualNode", tail)
+                return  # until the object changes (a new child is started then)
+            failures += 1
+            delay = min(2.0 ** (failures - 1), self.supervisor.settings.max_backoff)
+            self.log.warning("virtual kubelet exited %s; restarting in %.0fs: %s", code, delay, tail)
+            await self.supervisor.set_status(
+                self.key,
+                "Pending",
+                "False",
+                "KubeletCrashed",
+                f"exited {code}, restarting in {delay:.0f}s: {tail}",
+            )
+            await asyncio.sleep(delay)
+            why = "crash"
+
+    async def _run_once(self, why: str) -> tuple[int, str]:
+        path = self._log_path()
+        out: Any = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out = path.open("ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self._command(), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
+                env={**os.environ},
+            )  # fmt: skip
+            _STARTS.labels(why).inc()
+            _RUNNING.inc()
+            self.log.info("virtual kubelet started (pid %s, %s)", self.proc.pid, why)
+            await self.supervisor.set_status(
+                self.key, "Running", "True", "KubeletRunning", f"pid {self.proc.pid}"
+            )
+            try:
+                code = await self.proc.wait()
+            finally:
+                _RUNNING.dec()
+        finally:
+            if out is not None:
+                out.close()
+        return code, _last_line(path)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), self.supervisor.settings.stop_grace)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _last_line(path: Path | None) -> str:
+    if path is None or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 4096))
+        lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:1000] if lines else ""
+
+
+class VirtualNodeSupervisor:
+    """Watches VirtualNodes and keeps one virtual kubelet process per object (see the module)."""
+
+    def __init__(self, client: KubeClient, settings: SupervisorSettings) -> None:
+        self.client = client
+        self.settings = settings
+        self.children: dict[ObjectKey, _Child] = {}
+
+    async def run(self) -> None:
+        try:
+            async for item in watch_objects(self.client, VIRTUALNODES, namespace=self.settings.namespace):
+                if isinstance(item, Listed):
+                    present = set(item.keys)
+                    for key in [k for k in self.children if k not in present]:
+                        await self._forget(key)
+                elif item.type == "DELETED":
+                    # the kubelet sees the deletion itself, removes its node and exits 0; a
+                    # child that is not running one (failed, backing off) is stopped here
+                    child = self.children.get(item.key)
+                    if child is not None and (child.proc is None or child.proc.returncode is not None):
+                        await self._forget(item.key)
+                else:
+                    self._observe(item.object)
+        finally:
+            await asyncio.gather(*(child.stop() for child in self.children.values()))
+            self.children.clear()
+
+    def _observe(self, obj: RawObject) -> None:
+        meta = obj["metadata"]
+        key = ObjectKey(meta.get("namespace"), meta["name"])
+        if meta.get("deletionTimestamp"):
+            return
+        child = self.children.get(key)
+        if child is not None and not child.task.done():
+            return  # running: a spec change makes the kubelet exit 75 and start again
+        if child is not None and child.generation == meta.get("generation"):
+            return  # ended (failed or gone) and nothing changed since
+        self.children[key] = _Child(self, key, meta.get("generation"))
+
+    async def _forget(self, key: ObjectKey) -> None:
+        child = self.children.pop(key, None)
+        if child is not None:
+            await child.stop()
+
+    async def set_status(self, key: ObjectKey, phase: str, status: str, reason: str, message: str) -> None:
+        body = {
+            "status": {
+                "phase": phase,
+                "conditions": [
+                    {
+                        "type": "KubeletRunning",
+                        "status": status,
+                        "reason": reason,
+                        "message": message or reason,
+                        "lastTransitionTime": _now(),
+                    }
+                ],
+            }
+        }
+        try:
+            await self.client.patch(VIRTUALNODES, key.name, body, key.namespace, subresource="status")
+        except NotFound:
+            pass
+        except KubeError as exc:
+            object_logger(logger, "VirtualNode", key).warning("status not written: %s", exc)

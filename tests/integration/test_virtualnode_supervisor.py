@@ -1,0 +1,170 @@
+"""The consumer's VirtualNode controller keeps one real virtual kubelet process per VirtualNode."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack.localcluster import LocalCluster
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import NODES, SECRETS, RawObject
+from peering.crds import ensure_crds
+from peering.virtualnodes import VIRTUALNODES, SupervisorSettings, VirtualNodeSupervisor
+
+from .conftest import NamespaceFactory
+from .kubeconfigs import embedded_kubeconfig
+from .waiting import condition, wait_for, wait_for_deletion
+
+pytestmark = pytest.mark.integration
+
+
+def virtual_node(provider_id: str, secret: str, gpus: int = 8) -> RawObject:
+    return {
+        "apiVersion": VIRTUALNODES.api_version,
+        "kind": VIRTUALNODES.kind,
+        "metadata": {"name": provider_id},
+        "spec": {
+            "providerClusterID": provider_id,
+            "consumerClusterID": f"c-{provider_id}",
+            "nodeName": f"gpuferry-{provider_id}",
+            "resources": {"nvidia.com/gpu": gpus, "cpu": "32", "memory": "256Gi", "pods": "110"},
+            "kubeconfigSecretRef": {"name": secret},
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def supervising(
+    consumer: LocalCluster, namespace: str, log_dir: Path
+) -> AsyncIterator[VirtualNodeSupervisor]:
+    async with KubeClient.from_kubeconfig(consumer.spec.kubeconfig) as client:
+        settings = SupervisorSettings(
+            consumer_kubeconfig=consumer.spec.kubeconfig, namespace=namespace, log_dir=log_dir
+        )
+        supervisor = VirtualNodeSupervisor(client, settings)
+        task = asyncio.create_task(supervisor.run(), name="virtual node supervisor")
+        try:
+            yield supervisor
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def ready(node: RawObject) -> bool:
+    return (condition(node, "Ready") or {}).get("status") == "True"
+
+
+def phase_is(phase: str, reason: str | None = None) -> Any:
+    def check(vn: RawObject) -> bool:
+        status = vn.get("status") or {}
+        running = condition(vn, "KubeletRunning") or {}
+        return status.get("phase") == phase and (reason is None or running.get("reason") == reason)
+
+    return check
+
+
+async def test_one_kubelet_per_virtual_node_restarted_on_change_stopped_with_the_controller(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+) -> None:
+    await ensure_crds(consumer_client)
+    ns = await make_namespace(consumer_client)
+    kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "kc"},
+        "data": {"kubeconfig": kubeconfig},
+    }
+    await consumer_client.create(SECRETS, secret, ns)
+    ids = [f"sup-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    nodes = [f"gpuferry-{i}" for i in ids]
+    try:
+        async with supervising(consumer, ns, tmp_path) as supervisor:
+            for provider_id in ids:
+                await consumer_client.create(VIRTUALNODES, virtual_node(provider_id, "kc"), ns)
+            for node in nodes:
+                await wait_for(consumer_client, NODES, node, ready, timeout=60)
+            for provider_id in ids:
+                await wait_for(consumer_client, VIRTUALNODES, provider_id, phase_is("Running"), namespace=ns)
+            pids = {k.name: c.proc.pid for k, c in supervisor.children.items() if c.proc is not None}
+            assert set(pids) == set(ids)
+
+            # a changed grant: the kubelet restarts by itself and the node shows the new capacity
+            await consumer_client.patch(
+                VIRTUALNODES, ids[0], {"spec": {"resources": {"nvidia.com/gpu": 16}}}, ns
+            )
+            await wait_for(
+                consumer_client,
+                NODES,
+                nodes[0],
+                lambda n: n["status"]["capacity"]["nvidia.com/gpu"] == "16",
+                timeout=60,
+            )
+            child = supervisor.children[next(k for k in supervisor.children if k.name == ids[0])]
+            assert child.proc is not None and child.proc.pid != pids[ids[0]]
+
+            # deleted: the kubelet removes its node and ends; the other one is untouched
+            await consumer_client.delete(VIRTUALNODES, ids[0], ns)
+            await wait_for_deletion(consumer_client, NODES, nodes[0], None, timeout=30)
+            await asyncio.wait_for(child.task, 30)
+            other = supervisor.children[next(k for k in supervisor.children if k.name == ids[1])]
+            assert other.proc is not None and other.proc.pid == pids[ids[1]] and other.proc.returncode is None
+        # the controller stopped: so did its kubelets
+        assert other.proc.returncode is not None
+    finally:
+        for node in nodes:
+            with contextlib.suppress(NotFound):
+                await consumer_client.delete(NODES, node)
+
+
+async def test_a_virtual_node_that_cannot_run_is_failed_until_it_is_fixed(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+) -> None:
+    await ensure_crds(consumer_client)
+    ns = await make_namespace(consumer_client)
+    provider_id = f"sup-{uuid.uuid4().hex[:6]}"
+    node = f"gpuferry-{provider_id}"
+    try:
+        async with supervising(consumer, ns, tmp_path):
+            await consumer_client.create(VIRTUALNODES, virtual_node(provider_id, "not-yet"), ns)
+            failed = await wait_for(
+                consumer_client,
+                VIRTUALNODES,
+                provider_id,
+                phase_is("Failed", "InvalidVirtualNode"),
+                namespace=ns,
+                timeout=30,
+            )
+            assert "kubeconfig Secret 'not-yet' not found" in condition(failed, "KubeletRunning")["message"]
+
+            # the Secret appears and the object is touched: it runs
+            kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
+            secret = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": "not-yet"},
+                "data": {"kubeconfig": kubeconfig},
+            }
+            await consumer_client.create(SECRETS, secret, ns)
+            await consumer_client.patch(VIRTUALNODES, provider_id, {"spec": {"labels": {"retry": "1"}}}, ns)
+            await wait_for(consumer_client, NODES, node, ready, timeout=60)
+            await wait_for(consumer_client, VIRTUALNODES, provider_id, phase_is("Running"), namespace=ns)
+    finally:
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(NODES, node)
