@@ -23,7 +23,7 @@ from kube.objects import LEASES, NODES, SECRETS, ObjectKey, Resource
 from kube.queueing import KeyedQueue
 from kube.reconciling import run_workers
 from kube.tasks import run_supervised
-from kube.watching import Listed, watch_objects
+from kube.watching import Listed, WatchEvent, watch_objects
 
 from .forge.labels import owner_selector
 from .forge.pods import ForgeOptions
@@ -31,6 +31,7 @@ from .node.controller import NodeController
 from .node.lease import LEASE_NAMESPACE
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.pods import PodReflector, refresh_phase_gauge
+from .reflection.twins import TwinNamespaces
 from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
 
 logger = logging.getLogger(__name__)
@@ -163,7 +164,6 @@ async def run(settings: VirtualKubeletSettings) -> None:
     consumer = KubeClient.from_config(settings.consumer_kubeconfig, settings=settings.consumer_client)
     provider = _provider_client(settings)
     async with consumer, provider:
-        node = NodeController(consumer=consumer, provider=provider, settings=settings)
         queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
         local = PodCache(
             "consumer",
@@ -173,14 +173,44 @@ async def run(settings: VirtualKubeletSettings) -> None:
             field_selector=f"spec.nodeName={settings.effective_node_name}",
             settings=settings.watch,
         )
-        remote = PodCache(
-            "provider",
-            provider,
-            key_of=twin_key_for(settings.consumer_cluster_id),
-            on_change=queue.add,
-            label_selector=owner_selector(settings.consumer_cluster_id),
-            settings=settings.watch,
-        )
+        twins: TwinNamespaces | None = None
+        remote: PodCache | TwinNamespaces
+        if settings.tenant_namespace:
+
+            def namespaces_changed(origins: set[str]) -> None:
+                for key in local:
+                    if key.namespace in origins:
+                        queue.add(key)
+
+            def twin_event(namespace: str, item: WatchEvent | Listed) -> None:
+                if isinstance(item, Listed):
+                    node.view.handle_pod_in(namespace, item)
+                else:
+                    node.view.handle_pod(item)
+
+            remote = twins = TwinNamespaces(
+                provider,
+                tenant_namespace=settings.tenant_namespace,
+                key_of=twin_key_for(settings.consumer_cluster_id),
+                on_change=queue.add,
+                on_namespaces=namespaces_changed,
+                on_event=twin_event,
+                label_selector=owner_selector(settings.consumer_cluster_id),
+                settings=settings.watch,
+            )
+            node = NodeController(
+                consumer=consumer, provider=provider, settings=settings, twins_synced=twins.synced
+            )
+        else:
+            remote = PodCache(
+                "provider",
+                provider,
+                key_of=twin_key_for(settings.consumer_cluster_id),
+                on_change=queue.add,
+                label_selector=owner_selector(settings.consumer_cluster_id),
+                settings=settings.watch,
+            )
+            node = NodeController(consumer=consumer, provider=provider, settings=settings)
         reflector = PodReflector(
             consumer=consumer,
             provider=provider,
@@ -189,6 +219,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             opts=forge_options(settings),
             node_address=settings.node_address,
             fit=node,
+            twins=twins,
         )
 
         def retry_gated() -> None:

@@ -38,6 +38,12 @@ class VirtualKubeletSettings:
     """Extra labels for the Node, on top of the virtual-node identity."""
     provider_node_selector: dict[str, str] = field(default_factory=dict)
     """Which provider nodes the grant covers (e.g. a GPU product); used for labels and fit."""
+    tenant_namespace: str = ""
+    """With a scoped identity: the consumer's tenant namespace on the provider. Twin namespaces
+    then come from its NamespaceOffloading requests and capacity from the GPUSlice there;
+    empty: an admin identity (tests, development) watches provider Nodes and Pods directly."""
+    slice_name: str = ""
+    """The GPUSlice (in ``tenant_namespace``) whose per-node grant is the room pods fit into."""
     namespace_strategy: NamespaceStrategy = "default"
     """Twin namespace rule: ``<namespace>-<consumer-id>`` or the same name."""
     node_address: str = "127.0.0.1"
@@ -110,4 +116,6 @@ def from_virtual_node(
         resources={str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
         node_labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
         provider_node_selector={str(k): str(v) for k, v in (spec.get("providerNodeSelector") or {}).items()},
+        tenant_namespace=str(spec.get("tenantNamespace") or ""),
+        slice_name=str(spec.get("sliceName") or ""),
     )

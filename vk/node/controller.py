@@ -42,7 +42,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -53,9 +53,10 @@ from kube.clients import KubeClient
 from kube.errors import Conflict, KubeError, NotFound
 from kube.logs import object_logger
 from kube.metrics import gauge
-from kube.objects import NODES, RawObject
+from kube.objects import NODES, RawObject, Resource
 from kube.quantities import ResourceList, parse_quantity, parse_resource_list
 from kube.tasks import run_supervised
+from kube.watching import Listed, watch_objects
 
 from ..forge.fit import FitResult
 from ..forge.node import (
@@ -79,6 +80,8 @@ from .provider import ProviderView, identity_keys
 __all__ = ["MIN_UPDATE_INTERVAL", "PROBE_FAILURES", "NodeController"]
 
 logger = logging.getLogger(__name__)
+
+GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
 
 MIN_UPDATE_INTERVAL = 1.0
 """Seconds between two Node updates caused by provider changes (a burst makes one update)."""
@@ -112,7 +115,12 @@ class NodeController:
     """
 
     def __init__(
-        self, *, consumer: KubeClient, provider: KubeClient, settings: VirtualKubeletSettings
+        self,
+        *,
+        consumer: KubeClient,
+        provider: KubeClient,
+        settings: VirtualKubeletSettings,
+        twins_synced: asyncio.Event | None = None,
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -136,6 +144,7 @@ class NodeController:
         self._probe_failures = 0
         self._dirty = asyncio.Event()
         self._capacity_listeners: list[Callable[[], None]] = []
+        self._twins_synced = twins_synced
         self._last_update = -MIN_UPDATE_INTERVAL
         self._last_heartbeat = 0.0
         self._version = KUBELET_VERSION
@@ -168,16 +177,48 @@ class NodeController:
 
     async def run(self) -> None:
         """Run until cancelled (the loops do not end on their own)."""
-        await run_supervised(
-            {
-                "node_watch_provider_nodes": self.view.watch_nodes(),
-                "node_watch_provider_pods": self.view.watch_pods(),
-                "node_probe_provider": self._probe_loop(),
-                "node_status": self._status_loop(),
-                "node_lease": self._lease_loop(),
-            },
-            logger=logger,
-        )
+        roots: dict[str, Coroutine[Any, Any, None]] = {
+            "node_probe_provider": self._probe_loop(),
+            "node_status": self._status_loop(),
+            "node_lease": self._lease_loop(),
+        }
+        if self.settings.tenant_namespace:
+            # scoped identity: our grant per node, and our twins (fed by the twin caches)
+            roots["node_watch_grant"] = self._watch_grant()
+            roots["node_wait_twins"] = self._wait_twins()
+        else:
+            roots["node_watch_provider_nodes"] = self.view.watch_nodes()
+            roots["node_watch_provider_pods"] = self.view.watch_pods()
+        await run_supervised(roots, logger=logger)
+
+    async def _watch_grant(self) -> None:
+        ns, name = self.settings.tenant_namespace, self.settings.slice_name
+        failures = 0
+        while True:
+            try:
+                async for item in watch_objects(self.provider, GPUSLICES, namespace=ns,
+                                                field_selector=f"metadata.name={name}",
+                                                settings=self.settings.watch):  # fmt: skip
+                    failures = 0
+                    if isinstance(item, Listed):
+                        if not item.keys:
+                            self.view.set_granted_nodes(None)
+                    elif item.type == "DELETED":
+                        self.view.set_granted_nodes(None)
+                    else:
+                        self.view.set_granted_nodes(item.object)
+            except KubeError as exc:
+                failures += 1
+                delay = _backoff(failures)
+                self.log.error("watch of GPUSlice %s/%s failed (%s); retrying in %.1fs", ns, name, exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _wait_twins(self) -> None:
+        if self._twins_synced is not None:
+            await self._twins_synced.wait()
+        self.view.pods_synced.set()
+        self._mark_dirty()
+        await asyncio.Event().wait()  # a root task: it must not end
 
     def on_capacity_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod

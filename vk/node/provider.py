@@ -203,6 +203,37 @@ class ProviderView:
         self._used[node] = add(self._used.get(node, {}), request)
         self._changed()
 
+    # ---- fed from a grant (scoped identity) ------------------------------------------------------
+
+    def set_granted_nodes(self, slice_obj: RawObject | None) -> None:
+        """Use the per-node grant of a GPUSlice as the nodes (what is *ours* on each) instead of
+        watching the provider's Nodes, which a scoped identity may not list."""
+        status = (slice_obj or {}).get("status") or {}
+        labels = {str(k): str(v) for k, v in (status.get("labels") or {}).items()}
+        selector = ((slice_obj or {}).get("spec") or {}).get("nodeSelector") or {}
+        nodes: dict[str, RawObject] = {}
+        if status.get("phase") in ("Granted", "PartiallyGranted"):
+            for entry in (status.get("shape") or {}).get("nodes") or ():
+                nodes[str(entry["name"])] = {
+                    "metadata": {"name": entry["name"], "labels": {**labels, **selector}},
+                    "spec": {"unschedulable": False, "taints": []},
+                    "status": {"allocatable": dict(entry.get("free") or {}),
+                               "conditions": [{"type": "Ready", "status": "True"}]},
+                }  # fmt: skip
+        self.handle_node(Listed("", frozenset(ObjectKey(None, name) for name in nodes)))
+        for node in nodes.values():
+            self.handle_node(WatchEvent("MODIFIED", node))
+
+    def handle_pod_in(self, namespace: str, item: WatchEvent | Listed) -> None:
+        """:meth:`handle_pod` for a watch of one namespace (a relist there forgets only its pods)."""
+        if isinstance(item, Listed):
+            gone = [key for key in self._pods if key.namespace == namespace and key not in item.keys]
+            for key in gone:
+                self._forget_pod(key)
+            self._changed()
+            return
+        self.handle_pod(item)
+
     async def _watch(self, resource: Resource, handle: Callable[[WatchEvent | Listed], None],
                      field_selector: str | None = None) -> None:
         """Watch forever; a permanent error (403 on a scoped identity, say) is logged and the

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kube.clients import KubeClient
 from kube.objects import PODS, ObjectKey, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, watch_objects
+from kube.watching import Listed, WatchEvent, watch_objects
 
 from ..forge.labels import origin_of
 
@@ -53,6 +53,8 @@ class PodCache:
         label_selector: str | None = None,
         field_selector: str | None = None,
         settings: WatchSettings | None = None,
+        namespace: str | None = None,
+        on_event: Callable[[WatchEvent | Listed], None] | None = None,
     ) -> None:
         self.name = name
         self._client = client
@@ -61,6 +63,8 @@ class PodCache:
         self._label_selector = label_selector
         self._field_selector = field_selector
         self._settings = settings
+        self.namespace = namespace
+        self._on_event = on_event
         self._objects: dict[ObjectKey, RawObject] = {}
         self._watched: dict[ObjectKey, ObjectKey] = {}  # key of the watched object -> consumer key
         self.synced = asyncio.Event()
@@ -70,6 +74,9 @@ class PodCache:
 
     def keys(self) -> list[ObjectKey]:
         return list(self._objects)
+
+    def __iter__(self) -> Iterator[ObjectKey]:
+        return iter(list(self._objects))
 
     def phases(self) -> dict[str, int]:
         """How many cached pods are in each phase (``Pending`` when none is reported yet)."""
@@ -88,10 +95,13 @@ class PodCache:
         async for item in watch_objects(
             self._client,
             PODS,
+            namespace=self.namespace,
             label_selector=self._label_selector,
             field_selector=self._field_selector,
             settings=self._settings,
         ):
+            if self._on_event is not None:
+                self._on_event(item)
             if isinstance(item, Listed):
                 for watched in set(self._watched) - set(item.keys):
                     vanished = self._watched.pop(watched)

@@ -39,6 +39,7 @@ from ..forge.names import twin_namespace
 from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
 from ..forge.podstatus import local_status, status_patch
 from .caches import PodCache
+from .twins import TwinNamespaces
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ GATE_RETRY_SECONDS = 30.0
 (:meth:`PodReflector.gated_keys`), and at the latest after this long."""
 REASON_DELETED = "ProviderPodDeleted"
 REASON_NO_FIT = "ProviderCapacity"
+REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 
 
 class FitOracle(Protocol):
@@ -75,11 +77,12 @@ class PodReflector:
         consumer: KubeClient,
         provider: KubeClient,
         local: PodCache,
-        remote: PodCache,
+        remote: PodCache | TwinNamespaces,
         opts: ForgeOptions,
         node_address: str,
         fit: FitOracle | None = None,
         remap_ip: Callable[[str], str] = lambda ip: ip,
+        twins: TwinNamespaces | None = None,
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -89,6 +92,8 @@ class PodReflector:
         self.node_address = node_address
         self.fitter = fit
         self.remap_ip = remap_ip
+        self.twins = twins
+        """Set with a scoped identity: the provider makes twin namespaces, we only use them."""
         self._namespaces: set[str] = set()
         self._events_sent: set[tuple[str, str]] = set()
         self._gated: set[ObjectKey] = set()
@@ -162,12 +167,27 @@ class PodReflector:
         if status.get("startTime") or status.get("containerStatuses"):
             await self._report_deleted_twin(local, log)
             return None
+        origin_ns = local["metadata"]["namespace"]
+        if self.twins is not None:
+            if self.twins.twin_namespace_for(origin_ns) is None:
+                message = (
+                    f"namespace {origin_ns} is not offloaded to provider {self.opts.provider_cluster_id} "
+                    f"(gpuferry offload namespace {origin_ns})"
+                )
+                await self._hold(local, REASON_NOT_OFFLOADED, message, log)
+                self._gated.add(key)
+                return Requeue(GATE_RETRY_SECONDS)
+            if not self.twins.namespace_synced(origin_ns):
+                return Requeue(0.5)  # its twins are not listed yet: creating now could duplicate one
         if self.fitter is not None and (result := self.fitter.fit(local)) is not None and not result.ok:
             await self._gate(local, result, log)
             self._gated.add(key)
             return Requeue(GATE_RETRY_SECONDS)
-        await self._ensure_namespace(local["metadata"]["namespace"])
         twin = remote_pod(local, self.opts)
+        if self.twins is not None:
+            twin["metadata"]["namespace"] = self.twins.twin_namespace_for(origin_ns)
+        else:
+            await self._ensure_namespace(origin_ns)
         try:
             await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:
@@ -195,19 +215,20 @@ class PodReflector:
         self._namespaces.add(name)
 
     async def _gate(self, local: RawObject, result: FitResult, log: Any) -> None:
+        message = f"waiting for a provider node with room: {result.message}"
+        await self._hold(local, REASON_NO_FIT, message, log)
+
+    async def _hold(self, local: RawObject, reason: str, message: str, log: Any) -> None:
+        """Keep the pod Pending with ``reason`` and ``message`` (and one Event) until it can go."""
         meta = local["metadata"]
-        new = {
-            "phase": "Pending",
-            "reason": REASON_NO_FIT,
-            "message": f"waiting for a provider node with room: {result.message}",
-        }
+        new = {"phase": "Pending", "reason": reason, "message": message}
         current = local.get("status") or {}
         if current.get("reason") != new["reason"] or current.get("message") != new["message"]:
             await self.consumer.patch(
                 PODS, meta["name"], {"status": new}, meta["namespace"], subresource="status"
             )
-            log.info("gated: %s", result.message)
-        await self._event(local, "Warning", REASON_NO_FIT, result.message)
+            log.info("held: %s", message)
+        await self._event(local, "Warning", reason, message)
 
     async def _report_deleted_twin(self, local: RawObject, log: Any) -> None:
         meta = local["metadata"]
@@ -282,7 +303,7 @@ class PodReflector:
         self._events_sent.add((meta["uid"], reason))
 
 
-def refresh_phase_gauge(local: PodCache, remote: PodCache) -> None:
+def refresh_phase_gauge(local: PodCache, remote: PodCache | TwinNamespaces) -> None:
     """Set ``vk_pods{side,phase}`` from the caches (called before each /metrics scrape)."""
     PODS_BY_PHASE.clear()
     for side, cache in (("consumer", local), ("provider", remote)):
