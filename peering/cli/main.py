@@ -21,6 +21,10 @@ from kube.clients import KubeClient
 from kube.errors import KubeError, NetworkError
 from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
+from peering.flow import PeeringError
+
+from . import offload_cmds, peering_cmds
+from .common import UserError
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -116,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     crds.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
     crds.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     crds.set_defaults(handler=cmd_install_crds)
+    peering_cmds.add_parsers(sub, common)
+    offload_cmds.add_parsers(sub, common)
     return parser
 
 
@@ -123,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(asyncio.run(args.handler(args)))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    except PeeringError as exc:
+        print(f"error: {exc}", file=sys.stderr)
     except ConfigError as exc:
         print(f"error: kubeconfig: {exc}", file=sys.stderr)
     except NetworkError as exc:

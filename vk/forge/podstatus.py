@@ -1,7 +1,7 @@
 """The consumer pod's status, built from its twin's: the "status back" half of pod reflection.
 
 The consumer pod must look like a pod on any node. From the twin it takes the phase, conditions,
-container statuses of all three kinds, start time, reason, message and QoS class. Addresses are
+container statuses of all three kinds, start time, reason and message. Addresses are
 translated: ``podIP``/``podIPs`` go through ``remap_ip`` (the network fabric's view of the
 provider's pod CIDR from the consumer), ``hostIP``/``hostIPs`` become the virtual node's address.
 
@@ -13,6 +13,9 @@ Three things are deliberately not copied:
   When the provider cannot place the twin, that is said through ``status.reason`` and
   ``status.message`` (see :func:`pending_explanation`), which ``kubectl get pods`` shows as STATUS;
 * ``observedGeneration`` (in status and conditions): it counts the *twin's* generations;
+* ``qosClass``: immutable once set, and computed from each pod's own requests; a provider
+  LimitRange that adds default requests to twins makes them Burstable where the consumer pod
+  is BestEffort, and copying that would be refused (422) — the consumer's own class stays;
 * ``nominatedNodeName``, ``resize``, ``resourceClaimStatuses``: provider-side scheduling and
   resource state naming provider objects.
 """
@@ -32,7 +35,7 @@ __all__ = [
     "status_patch_needed",
 ]
 
-_COPIED = ("phase", "startTime", "qosClass", "reason", "message")
+_COPIED = ("phase", "startTime", "reason", "message")
 _CONTAINER_STATUSES = ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses")
 MANAGED_STATUS_FIELDS: tuple[str, ...] = (
     *_COPIED,

@@ -80,7 +80,6 @@ def test_local_status_of_a_running_twin() -> None:
     assert local_status(twin, remap_ip=_remap, host_ip=HOST, local=local) == {
         "phase": "Running",
         "startTime": "2024-06-01T10:00:03Z",
-        "qosClass": "Burstable",
         "conditions": [
             scheduled,
             {"type": "PodReadyToStartContainers", "status": "True"},
@@ -115,7 +114,6 @@ def test_pending_twin_without_address_has_no_ips() -> None:
     status = local_status(pending_twin(None), remap_ip=_remap, host_ip=HOST)
     assert status == {
         "phase": "Pending",
-        "qosClass": "BestEffort",
         "conditions": [{"type": "PodScheduled", "status": "True"}],
     }
 
@@ -193,6 +191,16 @@ def test_long_messages_are_shortened() -> None:
     )
     explanation = pending_explanation(twin)
     assert explanation is not None and len(explanation.message) == 1024
+
+
+def test_the_consumer_keeps_its_own_qos_class() -> None:
+    # the twin got default requests from a provider LimitRange: Burstable; the consumer pod,
+    # GPU limits only, is BestEffort, and qosClass is immutable (a patch of it is refused)
+    local = {"metadata": {"name": "train-0"}, "status": {"phase": "Pending", "qosClass": "BestEffort"}}
+    new = local_status(running_twin(), remap_ip=str, host_ip=HOST, local=local)
+    assert "qosClass" not in new
+    patch = status_patch(local["status"], new)
+    assert patch is not None and "qosClass" not in patch["status"]
 
 
 def test_status_patch() -> None:

@@ -1,0 +1,73 @@
+"""What the CLI commands share: user errors, progress lines, output formats, flag parsing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["Progress", "UserError", "emit", "kubeconfig_context_name", "parse_pairs"]
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one ``error:`` line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Progress:
+    """Progress lines on stderr (``✓ step (1.2s)``), so that stdout stays machine-readable."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self.start = time.monotonic()
+
+    def step(self, message: str) -> None:
+        if not self.quiet:
+            print(f"  ✓ {message} ({time.monotonic() - self.start:.1f}s)", file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        if not self.quiet:
+            print(f"    {message}", file=sys.stderr, flush=True)
+
+
+def parse_pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values or ():
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise UserError(f"{flag} expects KEY=VALUE, got {value!r}")
+        out[key] = val
+    return out
+
+
+def kubeconfig_context_name(path: str | None, context: str | None) -> str:
+    """The context's name in a kubeconfig (what a derived cluster ID is made from)."""
+    if context:
+        return context
+    if not path:
+        return "in-cluster"
+    try:
+        config = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UserError(f"cannot read kubeconfig {path}: {exc}") from None
+    return str(config.get("current-context") or Path(path).stem)
+
+
+def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:
+    """Print ``data`` as JSON or YAML, or call ``render_table(console)`` for a table."""
+    if output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif output == "yaml":
+        print(yaml.safe_dump(dict(data), sort_keys=True), end="")
+    else:
+        from rich.console import Console
+
+        render_table(Console())

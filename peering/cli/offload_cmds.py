@@ -1,0 +1,242 @@
+"""``gpuferry offload namespace`` and ``gpuferry unoffload namespace``.
+
+Offloading a namespace on the consumer:
+
+1. installs (idempotently) the MutatingAdmissionPolicy that makes pods of offloaded namespaces
+   eligible for virtual nodes (:mod:`peering.admission`);
+2. asks every peered provider (or those given with ``--provider``) for the twin namespace,
+   with the consumer's own scoped identity (:func:`peering.flow.request_twin_namespace`);
+3. writes the namespace's ``NamespaceOffloading`` named ``offloading`` — the policy's parameter —
+   with the twin namespaces in its status.
+
+Unoffloading removes the pods of the namespace that run on virtual nodes (their twins go first),
+withdraws the twin namespaces, and deletes the ``NamespaceOffloading``; pods on local nodes are
+left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import NAMESPACES, PODS, RawObject, Resource
+
+from .. import flow
+from ..admission import OFFLOADING_NAME, admission_binding, admission_policy
+from ..clusterid import read_cluster_id
+from ..crds import ensure_crds
+from ..resources import NAMESPACEOFFLOADINGS
+from ..virtualnodes import VIRTUALNODES
+from .common import Progress, UserError, emit
+
+__all__ = ["add_parsers"]
+
+POLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicy",
+    namespaced=False,
+)
+BINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicybindings",
+    "MutatingAdmissionPolicyBinding",
+    namespaced=False,
+)
+
+
+async def ensure_admission(client: KubeClient) -> None:
+    for resource, body in ((POLICIES, admission_policy()), (BINDINGS, admission_binding())):
+        await client.patch(
+            resource,
+            body["metadata"]["name"],
+            body,
+            patch_type="apply",
+            field_manager="gpuferry-cli",
+            force=True,
+        )
+
+
+async def peered_providers(consumer: KubeClient, only: list[str] | None) -> list[str]:
+    """Provider IDs with a VirtualNode on this consumer (restricted to ``only`` when given)."""
+    found = sorted(
+        vn["spec"]["providerClusterID"]
+        for vn in (await consumer.list(VIRTUALNODES, flow.CONSUMER_NAMESPACE))["items"]
+    )
+    if only:
+        unknown = sorted(set(only) - set(found))
+        if unknown:
+            raise UserError(f"not peered with {', '.join(unknown)} (peered: {', '.join(found) or 'none'})")
+        found = [p for p in found if p in only]
+    if not found:
+        raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
+    return found
+
+
+async def cmd_offload(args: argparse.Namespace) -> int:
+    progress = Progress(args.quiet)
+    ns = args.namespace
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as consumer:
+        try:
+            await consumer.get(NAMESPACES, ns)
+        except NotFound:
+            raise UserError(f"namespace {ns} not found on the consumer") from None
+        consumer_id = await read_cluster_id(consumer)
+        if consumer_id is None:
+            raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
+        providers = await peered_providers(consumer, args.provider)
+        await ensure_crds(consumer)
+        await ensure_admission(consumer)
+        progress.step("admission policy for offloaded namespaces in place")
+        remote: list[dict[str, Any]] = []
+        for provider_id in providers:
+            async with await flow.issued_client(consumer, provider_id) as tenant:
+                twin = await flow.request_twin_namespace(
+                    tenant,
+                    consumer_id=consumer_id,
+                    origin_namespace=ns,
+                    mapping=args.namespace_mapping_strategy,
+                    timeout=args.timeout,
+                )
+            remote.append({"clusterID": provider_id, "remoteNamespace": twin, "phase": "Ready"})
+            progress.step(f"{provider_id}: twin namespace {twin} ready")
+        body: RawObject = {
+            "apiVersion": NAMESPACEOFFLOADINGS.api_version,
+            "kind": NAMESPACEOFFLOADINGS.kind,
+            "metadata": {"name": OFFLOADING_NAME, "namespace": ns},
+            "spec": {
+                "podOffloadingStrategy": args.pod_offloading_strategy,
+                "namespaceMappingStrategy": args.namespace_mapping_strategy,
+            },
+        }
+        await consumer.patch(
+            NAMESPACEOFFLOADINGS,
+            OFFLOADING_NAME,
+            body,
+            ns,
+            patch_type="apply",
+            field_manager="gpuferry-cli",
+            force=True,
+        )
+        await consumer.patch(
+            NAMESPACEOFFLOADINGS,
+            OFFLOADING_NAME,
+            {"status": {"phase": "Ready", "remoteNamespaces": remote}},
+            ns,
+            subresource="status",
+        )
+        progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy})")
+    result = {
+        "namespace": ns,
+        "podOffloadingStrategy": args.pod_offloading_strategy,
+        "namespaceMappingStrategy": args.namespace_mapping_strategy,
+        "remoteNamespaces": remote,
+    }
+
+    def table(console: Any) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"namespace {ns} offloaded ({args.pod_offloading_strategy})")
+        for col in ("provider", "twin namespace"):
+            t.add_column(col)
+        for r in remote:
+            t.add_row(r["clusterID"], r["remoteNamespace"])
+        console.print(t)
+
+    emit(result, args.output, table)
+    return 0
+
+
+async def cmd_unoffload(args: argparse.Namespace) -> int:
+    progress = Progress(args.quiet)
+    ns = args.namespace
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as consumer:
+        consumer_id = await read_cluster_id(consumer)
+        try:
+            offloading = await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+        except NotFound:
+            raise UserError(f"namespace {ns} is not offloaded") from None
+        nodes = {
+            vn["spec"]["nodeName"]: vn["spec"]["providerClusterID"]
+            for vn in (await consumer.list(VIRTUALNODES, flow.CONSUMER_NAMESPACE))["items"]
+        }
+        remote = [p for p in (await consumer.list(PODS, ns))["items"] if p["spec"].get("nodeName") in nodes]
+        for pod in remote:
+            with contextlib.suppress(NotFound):
+                await consumer.delete(PODS, pod["metadata"]["name"], ns)
+        deadline = asyncio.get_running_loop().time() + args.timeout
+        while [p for p in (await consumer.list(PODS, ns))["items"] if p["spec"].get("nodeName") in nodes]:
+            if asyncio.get_running_loop().time() > deadline:
+                raise UserError(f"pods of {ns} on virtual nodes still there after {args.timeout:.0f}s")
+            await asyncio.sleep(0.5)
+        progress.step(f"{len(remote)} offloaded pods removed")
+        for entry in (offloading.get("status") or {}).get("remoteNamespaces") or []:
+            provider_id = entry["clusterID"]
+            if consumer_id is None:
+                break
+            with contextlib.suppress(flow.PeeringError):
+                async with await flow.issued_client(consumer, provider_id) as tenant:
+                    await flow.release_twin_namespace(
+                        tenant, consumer_id=consumer_id, origin_namespace=ns, timeout=args.timeout
+                    )
+                progress.step(f"{provider_id}: twin namespace {entry.get('remoteNamespace')} removed")
+        await consumer.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+        progress.step(f"namespace {ns} no longer offloaded")
+    emit(
+        {"namespace": ns, "offloaded": False},
+        args.output,
+        lambda console: console.print(f"namespace {ns} no longer offloaded"),
+    )
+    return 0
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step (120)")
+    shared.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    shared.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+    offload = sub.add_parser("offload", help="offload a namespace to the peered providers")
+    what = offload.add_subparsers(dest="what", required=True, metavar="WHAT")
+    ns = what.add_parser(
+        "namespace",
+        parents=[common, shared],
+        help="make the pods of NAMESPACE eligible for virtual nodes and create its twin namespaces",
+    )
+    ns.add_argument("namespace", metavar="NAMESPACE")
+    ns.add_argument(
+        "--pod-offloading-strategy",
+        choices=["LocalAndRemote", "Remote"],
+        default="LocalAndRemote",
+        help="LocalAndRemote (default): the scheduler may use local or virtual nodes; "
+        "Remote: virtual nodes only",
+    )
+    ns.add_argument(
+        "--namespace-mapping-strategy",
+        choices=["DefaultName", "SameName"],
+        default="DefaultName",
+        help="twin namespace name: <namespace>-<consumer-id> (default) or the same name",
+    )
+    ns.add_argument(
+        "--provider",
+        action="append",
+        metavar="ID",
+        help="only these providers (default: every peered one), repeatable",
+    )
+    ns.set_defaults(handler=cmd_offload)
+
+    unoffload = sub.add_parser("unoffload", help="stop offloading a namespace")
+    uwhat = unoffload.add_subparsers(dest="what", required=True, metavar="WHAT")
+    uns = uwhat.add_parser(
+        "namespace",
+        parents=[common, shared],
+        help="remove its pods from virtual nodes, its twin namespaces, and its offloading",
+    )
+    uns.add_argument("namespace", metavar="NAMESPACE")
+    uns.set_defaults(handler=cmd_unoffload)

@@ -1,0 +1,121 @@
+"""gpuferry's controllers as local background processes: the embedded mode of the CLI.
+
+In a cluster the Helm chart runs the controllers; on a laptop or a CI machine (the local
+clusters of ``hack/``, or any clusters reachable with admin kubeconfigs) ``gpuferry peer``
+starts them here instead, one per cluster and role:
+
+* ``provider``: ``python -m peering.provider`` — tenants, identities, grants, twin namespaces;
+* ``consumer``: ``python -m peering.consumer`` — one virtual kubelet per VirtualNode.
+
+Each is detached from the terminal (its own session), logs to a file, and is recorded in
+``$GPUFERRY_CACHE/agents/<role>-<cluster>/`` (``pid``, ``cmdline``, ``log``), where
+``<cluster>`` is the cluster's ID; a second ``ensure`` finds it alive and does nothing. An agent
+whose process died is started again; ``stop`` ends it (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "stop_agent"]
+
+ROLES = {"provider": "peering.provider", "consumer": "peering.consumer"}
+
+
+def agents_dir() -> Path:
+    base = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    return base / "agents"
+
+
+@dataclass(frozen=True)
+class Agent:
+    role: str
+    cluster_id: str
+    kubeconfig: str
+
+    @property
+    def directory(self) -> Path:
+        return agents_dir() / f"{self.role}-{self.cluster_id}"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "log"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", ROLES[self.role], "--kubeconfig", self.kubeconfig]
+        if self.role == "provider":
+            cmd.append("--install-crds")
+        return cmd
+
+    def pid(self) -> int | None:
+        """The agent's pid when its process is alive and is this agent, else ``None``."""
+        try:
+            pid = int((self.directory / "pid").read_text())
+            recorded = json.loads((self.directory / "cmdline").read_text())
+            running = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        except (OSError, ValueError):
+            return None
+        return pid if [part.decode() for part in running] == recorded else None
+
+
+def _load(directory: Path) -> Agent | None:
+    try:
+        data = json.loads((directory / "agent.json").read_text())
+        return Agent(role=data["role"], cluster_id=data["cluster_id"], kubeconfig=data["kubeconfig"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def all_agents() -> list[Agent]:
+    root = agents_dir()
+    if not root.is_dir():
+        return []
+    return [agent for d in sorted(root.iterdir()) if (agent := _load(d)) is not None]
+
+
+def ensure_agent(role: str, cluster_id: str, kubeconfig: str | os.PathLike[str]) -> tuple[Agent, bool]:
+    """Start the agent unless it runs already; returns it and whether it was started now."""
+    agent = Agent(role=role, cluster_id=cluster_id, kubeconfig=str(Path(kubeconfig).resolve()))
+    existing = _load(agent.directory)
+    if existing is not None and existing.pid() is not None:
+        if existing.kubeconfig == agent.kubeconfig:
+            return existing, False
+        stop_agent(existing)  # the same cluster through another kubeconfig: the new one wins
+    agent.directory.mkdir(parents=True, exist_ok=True)
+    command = agent.command()
+    with agent.log.open("ab") as log:
+        log.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(command)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    (agent.directory / "cmdline").write_text(json.dumps(command))
+    (agent.directory / "pid").write_text(str(proc.pid))
+    (agent.directory / "agent.json").write_text(
+        json.dumps({"role": role, "cluster_id": cluster_id, "kubeconfig": agent.kubeconfig})
+    )
+    return agent, True
+
+
+def stop_agent(agent: Agent, *, grace: float = 10.0) -> bool:
+    """Stop the agent's process (if alive) and forget it; returns whether one was running."""
+    pid = agent.pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and agent.pid() is not None:
+            time.sleep(0.1)
+        if agent.pid() is not None:
+            os.kill(pid, signal.SIGKILL)
+            while agent.pid() is not None:
+                time.sleep(0.05)
+    for name in ("pid", "cmdline", "agent.json"):
+        (agent.directory / name).unlink(missing_ok=True)
+    return pid is not None
