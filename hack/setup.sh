@@ -12,6 +12,10 @@ declare -A debs=(
   [ip]=iproute2
   [openssl]=openssl
   [nft]=nftables
+  [wireguard-go]=wireguard-go
+  [ping]=iputils-ping
+  [sysctl]=procps
+  [iperf3]=iperf3
 )
 missing=()
 for cmd in "${!debs[@]}"; do
@@ -45,3 +49,5 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
 fi
 
 bash hack/build-k8s.sh
+# a current userspace WireGuard for the network fabric (Debian's is the fallback)
+bash hack/build-wireguard-go.sh || log "wireguard-go not built: the fabric falls back to Debian's"

@@ -54,6 +54,13 @@ def test_chain_hooks_and_priorities() -> None:
     assert "\tchain steer {\n\t\ttype filter hook prerouting priority mangle; policy accept;" in script
     assert "\tchain prerouting {\n\t\ttype nat hook prerouting priority dstnat; policy accept;" in script
     assert "\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;" in script
+    assert "\tchain clamp {\n\t\ttype filter hook forward priority mangle; policy accept;" in script
+
+
+def test_tcp_mss_is_clamped_to_the_tunnel_mtu() -> None:
+    assert chain(render(), "clamp") == [
+        'oifname "gf-b" tcp flags & (syn | rst) == syn tcp option maxseg size set rt mtu'
+    ]
 
 
 def test_outbound_prefix_dnat_from_local_view_to_original_skips_identity() -> None:

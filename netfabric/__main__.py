@@ -1,0 +1,89 @@
+"""python -m netfabric gateway|agent: the fabric's processes. Flags are read once here.
+
+    python -m netfabric gateway --peer-network NS/NAME --pod-cidr 10.244.0.0/16 \\
+        --service-cidr 10.96.0.0/16 --gateway-ip $POD_IP [--listen-port 51820]
+    python -m netfabric agent --next-hop 10.244.2.5 [--dev veth123] [--namespace NS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from kube.clients import KubeClient
+from kube.errors import KubeError
+from kube.logs import setup_logging
+from kube.objects import ObjectKey
+from kube.settings import ClientSettings, LoggingSettings
+from netfabric.agent import AgentSettings
+from netfabric.app import run_agent, run_gateway
+from netfabric.gateway import GatewaySettings
+from netfabric.ipam import DEFAULT_POOL
+from netfabric.model import ClusterNetwork, NetworkConfigError
+from netfabric.wireguard import BackendKind
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m netfabric", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("gateway", help="the WireGuard gateway towards one peer")
+    g.add_argument("--peer-network", required=True, metavar="NAMESPACE/NAME")
+    g.add_argument("--pod-cidr", action="append", required=True, help="local pod CIDR (repeatable)")
+    g.add_argument("--service-cidr", action="append", default=[], help="local service CIDR (repeatable)")
+    g.add_argument("--gateway-ip", type=IPv4Address, required=True, help="this pod's IP (SNAT source)")
+    g.add_argument("--iface", default="gpuferry0", help="tunnel interface name")
+    g.add_argument("--listen-port", type=int, help="UDP port (server side: behind the NodePort/LB)")
+    g.add_argument("--mtu", type=int, help="tunnel MTU (default: the PeerNetwork's spec.mtu)")
+    g.add_argument("--pool", type=IPv4Network, default=DEFAULT_POOL, help="remap pool")
+    g.add_argument("--backend", choices=[k.value for k in BackendKind], help="default: detect")
+    g.add_argument("--key-secret", default="gpuferry-gateway-key", help="Secret holding the private key")
+    g.add_argument("--status-interval", type=float, default=10.0)
+    a = sub.add_parser("agent", help="route peers' remapped CIDRs to the gateway on this node")
+    a.add_argument("--next-hop", type=IPv4Address, required=True,
+                   help="the gateway's pod IP (its node) or its node's IP (other nodes)")
+    a.add_argument("--dev", help="interface towards the next hop")
+    a.add_argument("--namespace", help="only PeerNetworks of this namespace")
+    return p
+
+
+async def _main(args: argparse.Namespace) -> None:
+    async with KubeClient.from_config(args.kubeconfig, settings=ClientSettings.from_env()) as client:
+        if args.command == "gateway":
+            key = ObjectKey.parse(args.peer_network)
+            local = ClusterNetwork.from_strings(args.pod_cidr, args.service_cidr)
+            settings = GatewaySettings(
+                iface=args.iface,
+                gateway_ip=args.gateway_ip,
+                listen_port=args.listen_port,
+                mtu=args.mtu,
+                pool=args.pool,
+                backend=BackendKind(args.backend) if args.backend else None,
+            )
+            await run_gateway(client, key, local=local, settings=settings, key_secret=args.key_secret,
+                              status_interval=args.status_interval)
+        else:
+            await run_agent(client, settings=AgentSettings(next_hop=args.next_hop, dev=args.dev),
+                            namespace=args.namespace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(LoggingSettings.from_env())
+    try:
+        asyncio.run(_main(args))
+    except (NetworkConfigError, KubeError) as e:
+        logging.getLogger("netfabric").error("%s", e)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The fabric's Kubernetes objects: the gateway's key Secret and the PeerNetwork status.
+
+Thin: builders are plain functions; the writes go through `kube.clients.KubeClient` with raw
+dicts. The private key lives only in a Secret (``data.privateKey``, base64 of the base64 key as
+``wg genkey`` prints it); the public key is derived and published in the peer's PeerNetwork.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists, NotFound
+from kube.objects import SECRETS, ObjectKey, RawObject, Resource
+from kube.patching import patch_status
+from netfabric.keys import generate_private_key, validate_key
+
+__all__ = [
+    "KEY_SECRET_TYPE",
+    "PEERNETWORKS",
+    "ensure_private_key",
+    "key_secret",
+    "rotate_private_key",
+    "write_status",
+]
+
+PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
+KEY_SECRET_TYPE = "gpuferry.io/wireguard-key"
+_KEY = "privateKey"
+
+
+def key_secret(name: str, namespace: str, private_key: str) -> RawObject:
+    """The Secret that holds a gateway's WireGuard private key."""
+    validate_key(private_key, "privateKey")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "gpuferry", "app.kubernetes.io/component": "gateway"},
+        },
+        "type": KEY_SECRET_TYPE,
+        "data": {_KEY: base64.b64encode(private_key.encode()).decode()},
+    }
+
+
+def _key_of(secret: Mapping[str, Any]) -> str:
+    raw = (secret.get("data") or {}).get(_KEY)
+    if not isinstance(raw, str):
+        raise ValueError(f"Secret {ObjectKey.of(secret)} has no data.{_KEY}")
+    key = base64.b64decode(raw).decode()
+    validate_key(key, f"Secret {ObjectKey.of(secret)} data.{_KEY}")
+    return key
+
+
+async def ensure_private_key(client: KubeClient, *, namespace: str, name: str) -> str:
+    """The gateway's private key: read from its Secret, or made and stored on first use."""
+    try:
+        return _key_of(await client.get(SECRETS, name, namespace))
+    except NotFound:
+        pass
+    with contextlib.suppress(AlreadyExists):  # another replica won the race: use its key
+        await client.create(SECRETS, key_secret(name, namespace, generate_private_key()), namespace)
+    return _key_of(await client.get(SECRETS, name, namespace))
+
+
+async def rotate_private_key(client: KubeClient, *, namespace: str, name: str) -> str:
+    """Replace the key with a new one (the gateway re-applies; the peer gets the new public key)."""
+    current = await client.get(SECRETS, name, namespace)
+    new_key = generate_private_key()
+    body = key_secret(name, namespace, new_key)
+    body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    await client.replace(SECRETS, name, body, namespace)
+    return new_key
+
+
+async def write_status(client: KubeClient, obj: RawObject, status: Mapping[str, Any]) -> RawObject:
+    """Merge ``status`` into the PeerNetwork's status subresource."""
+    return await patch_status(client, PEERNETWORKS, ObjectKey.of(obj), status)
