@@ -9,6 +9,7 @@ kubeconfig, agrees on it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import re
@@ -60,6 +61,21 @@ def validate_cluster_id(cluster_id: str) -> str:
     return cluster_id
 
 
+async def _wait_not_terminating(client: KubeClient, timeout: float = 120.0) -> None:
+    """A just-unpeered cluster's gpuferry-system may still be terminating: wait until it is gone."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            ns = await client.get(NAMESPACES, SYSTEM_NAMESPACE)
+        except NotFound:
+            return
+        if not ns["metadata"].get("deletionTimestamp"):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise ClusterIDError(f"namespace {SYSTEM_NAMESPACE} is still terminating after {timeout:.0f}s")
+        await asyncio.sleep(0.5)
+
+
 async def read_cluster_id(client: KubeClient) -> str | None:
     """The cluster's recorded ID, or ``None`` when it has none yet."""
     try:
@@ -83,6 +99,7 @@ async def ensure_cluster_id(client: KubeClient, *, requested: str | None, fallba
             )
         return current
     cluster_id = validate_cluster_id(requested) if requested else derive_cluster_id(fallback)
+    await _wait_not_terminating(client)
     with contextlib.suppress(AlreadyExists):
         await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                          "metadata": {"name": SYSTEM_NAMESPACE}})  # fmt: skip

@@ -23,7 +23,7 @@ from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
-from . import offload_cmds, peering_cmds
+from . import info_cmd, offload_cmds, peering_cmds
 from .common import UserError
 
 EXIT_USER_ERROR = 1
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     crds.set_defaults(handler=cmd_install_crds)
     peering_cmds.add_parsers(sub, common)
     offload_cmds.add_parsers(sub, common)
+    info_cmd.add_parser(sub, common)
     return parser
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import NODES, PODS, RawObject, Resource
+from kube.objects import NAMESPACES, NODES, PODS, RawObject, Resource
 from kube.quantities import parse_quantity
 
 from .. import flow
@@ -319,19 +319,51 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         for client, name in ((consumer, provider_id), (provider, consumer_id)):
             with contextlib.suppress(NotFound):
                 await client.delete(FOREIGNCLUSTERS, name)
+        no_nodes = not (await consumer.list(VIRTUALNODES))["items"]
+        no_tenants = not (await provider.list(TENANTS))["items"]
         if args.agents == "local":
-            no_nodes = not (await consumer.list(VIRTUALNODES))["items"]
             if no_nodes and stop_agent(Agent("consumer", consumer_id, "")):
                 progress.step("consumer agent stopped (no virtual node left)")
-            no_tenants = not (await provider.list(TENANTS))["items"]
             if no_tenants and stop_agent(Agent("provider", provider_id, "")):
                 progress.step("provider agent stopped (no tenant left)")
+        # the last peering gone: the cluster is as it was before the first one (CRDs aside)
+        if no_nodes and not await _peered_anywhere(consumer):
+            removed += await _forget_cluster(consumer, "consumer", admission=True)
+        if no_tenants and not await _peered_anywhere(provider):
+            removed += await _forget_cluster(provider, "provider", admission=False)
     emit(
         {"consumer": consumer_id, "provider": provider_id, "removed": removed},
         args.output,
         lambda console: console.print(f"unpeered {consumer_id} from {provider_id}"),
     )
     return 0
+
+
+async def _peered_anywhere(client: KubeClient) -> bool:
+    """Whether the cluster still has a peering in either role (virtual nodes, tenants)."""
+    return bool((await client.list(VIRTUALNODES))["items"] or (await client.list(TENANTS))["items"])
+
+
+async def _forget_cluster(client: KubeClient, side: str, *, admission: bool) -> list[str]:
+    """Remove what only existed for peerings: the admission policy (consumer) and the
+    ``gpuferry-system`` namespace with the cluster ID (both sides)."""
+    from ..admission import BINDING_NAME, POLICY_NAME
+    from .offload_cmds import BINDINGS, POLICIES
+
+    removed = []
+    if admission:
+        for resource, name in ((BINDINGS, BINDING_NAME), (POLICIES, POLICY_NAME)):
+            with contextlib.suppress(NotFound):
+                await client.delete(resource, name)
+                removed.append(f"{side}: {resource.kind}/{name}")
+    with contextlib.suppress(NotFound):
+        await client.delete(NAMESPACES, flow.CONSUMER_NAMESPACE)
+        removed.append(f"{side}: namespace/{flow.CONSUMER_NAMESPACE}")
+        async with asyncio.timeout(120):  # gone, not just terminating: a peer right after needs it gone
+            while True:
+                await client.get(NAMESPACES, flow.CONSUMER_NAMESPACE)
+                await asyncio.sleep(0.3)
+    return removed
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:

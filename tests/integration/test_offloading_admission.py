@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from kube.clients import KubeClient
+from kube.errors import NotFound
 from kube.objects import PODS, RawObject, Resource
 from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
 from peering.crds import ensure_crds
@@ -37,12 +40,16 @@ OFFLOADINGS = Resource(
 
 
 @pytest.fixture
-async def policy(consumer_client: KubeClient) -> None:
+async def policy(consumer_client: KubeClient) -> AsyncIterator[None]:
     await ensure_crds(consumer_client)
     for resource, body in ((POLICIES, admission_policy()), (BINDINGS, admission_binding())):
         await consumer_client.patch(
             resource, body["metadata"]["name"], body, patch_type="apply", field_manager="gpuferry", force=True
         )
+    yield
+    for resource, body in ((BINDINGS, admission_binding()), (POLICIES, admission_policy())):
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(resource, body["metadata"]["name"])
 
 
 def gpu_pod(name: str, **spec: Any) -> RawObject:

@@ -1,0 +1,294 @@
+"""``gpuferry info``: what this cluster lends or borrows, from either side.
+
+On a consumer: its providers (virtual node, readiness, GPUs granted and in use, the largest
+block one pod can get, the identity's expiry), its offloaded namespaces, and the global GPU
+pool summed over every provider. On a provider: its consumers (authenticated or not, slices and
+what was granted, twin namespaces, GPUs in use). A cluster can be both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+from cryptography import x509
+
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import NAMESPACES, NODES, PODS, SECRETS, RawObject
+from kube.quantities import format_quantity, parse_quantity
+
+from .. import flow
+from ..admission import OFFLOADING_NAME
+from ..clusterid import read_cluster_id
+from ..conditions import find_condition
+from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
+from ..virtualnodes import VIRTUALNODES
+from .common import UserError, emit
+
+__all__ = ["add_parser", "collect"]
+
+GPU = "nvidia.com/gpu"
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _gpus(pods: Iterable[RawObject]) -> Decimal:
+    """GPUs held by unfinished pods (limits, which for extended resources equal requests)."""
+    total = Decimal(0)
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in _TERMINAL:
+            continue
+        for c in (pod.get("spec") or {}).get("containers") or ():
+            res = c.get("resources") or {}
+            value = (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU)
+            if value is not None:
+                total += parse_quantity(str(value))
+    return total
+
+
+def _q(value: Any) -> Decimal:
+    return parse_quantity(str(value)) if value not in (None, "") else Decimal(0)
+
+
+def _n(value: Decimal) -> int | str:
+    return int(value) if value == value.to_integral_value() else format_quantity(value)
+
+
+def _not_after(secret: RawObject | None) -> str | None:
+    cert = ((secret or {}).get("data") or {}).get("tls.crt")
+    if not cert:
+        return None
+    parsed = x509.load_pem_x509_certificate(base64.b64decode(cert))
+    return parsed.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    try:
+        vns = (await client.list(VIRTUALNODES, flow.CONSUMER_NAMESPACE))["items"]
+    except NotFound:  # CRDs not installed
+        return [], []
+    providers = []
+    for vn in vns:
+        spec = vn.get("spec") or {}
+        node_name = str(spec.get("nodeName") or "")
+        try:
+            node: RawObject | None = await client.get(NODES, node_name)
+        except NotFound:
+            node = None
+        ready = find_condition(((node or {}).get("status") or {}).get("conditions"), "Ready") or {}
+        pods = (await client.list(PODS, field_selector=f"spec.nodeName={node_name}"))["items"]
+        granted = _q((spec.get("resources") or {}).get(GPU))
+        used = _gpus(pods)
+        secret_ref = spec.get("kubeconfigSecretRef") or {}
+        try:
+            secret: RawObject | None = await client.get(
+                SECRETS, secret_ref.get("name", ""), flow.CONSUMER_NAMESPACE
+            )
+        except NotFound:
+            secret = None
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        providers.append(
+            {
+                "id": spec.get("providerClusterID"),
+                "virtualNode": node_name,
+                "ready": ready.get("status", "Unknown") == "True",
+                "readyReason": ready.get("reason"),
+                "phase": (vn.get("status") or {}).get("phase"),
+                "gpuProduct": labels.get("nvidia.com/gpu.product"),
+                "granted": dict(spec.get("resources") or {}),
+                "largestBlock": labels.get("gpuferry.io/largest-gpu-block"),
+                "gpus": {
+                    "granted": _n(granted),
+                    "used": _n(used),
+                    "free": _n(max(granted - used, Decimal(0))),
+                },
+                "pods": len([p for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL]),
+                "identity": {
+                    "username": f"gpuferry:consumer:{spec.get('consumerClusterID')}",
+                    "notAfter": _not_after(secret),
+                },
+                "network": "not configured",
+            }
+        )
+    offloaded = []
+    try:
+        items = (await client.list(NAMESPACEOFFLOADINGS))["items"]
+    except NotFound:
+        items = []
+    for item in items:
+        if item["metadata"]["name"] != OFFLOADING_NAME:
+            continue
+        spec, status = item.get("spec") or {}, item.get("status") or {}
+        offloaded.append(
+            {
+                "namespace": item["metadata"]["namespace"],
+                "podOffloadingStrategy": spec.get("podOffloadingStrategy"),
+                "namespaceMappingStrategy": spec.get("namespaceMappingStrategy"),
+                "remoteNamespaces": [
+                    {"provider": r.get("clusterID"), "namespace": r.get("remoteNamespace")}
+                    for r in status.get("remoteNamespaces") or []
+                ],
+            }
+        )
+    return providers, offloaded
+
+
+async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
+    try:
+        tenants = (await client.list(TENANTS))["items"]
+    except NotFound:
+        return []
+    consumers = []
+    for tenant in tenants:
+        spec, status = tenant.get("spec") or {}, tenant.get("status") or {}
+        consumer_id = spec.get("consumerClusterID")
+        ns = tenant["metadata"]["namespace"]
+        slices = (await client.list(GPUSLICES, ns))["items"]
+        twins = [
+            n["metadata"]["name"]
+            for n in (await client.list(NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id}"))["items"]
+            if n["metadata"]["name"] != ns
+        ]
+        used = Decimal(0)
+        for twin in twins:
+            used += _gpus((await client.list(PODS, twin))["items"])
+        granted = sum(
+            (_q(((s.get("status") or {}).get("granted") or {}).get(GPU)) for s in slices), Decimal(0)
+        )
+        auth = find_condition(status.get("conditions"), "Authenticated") or {}
+        consumers.append(
+            {
+                "id": consumer_id,
+                "tenantNamespace": ns,
+                "authenticated": auth.get("status") == "True",
+                "identity": {
+                    "username": (status.get("identity") or {}).get("username"),
+                    "notAfter": (status.get("identity") or {}).get("notAfter"),
+                },
+                "slices": [
+                    {
+                        "name": s["metadata"]["name"],
+                        "phase": (s.get("status") or {}).get("phase"),
+                        "requested": dict((s.get("spec") or {}).get("resources") or {}),
+                        "granted": dict((s.get("status") or {}).get("granted") or {}),
+                        "reason": (s.get("status") or {}).get("reason"),
+                    }
+                    for s in slices
+                ],
+                "twinNamespaces": sorted(twins),
+                "gpus": {"granted": _n(granted), "used": _n(used)},
+            }
+        )
+    return consumers
+
+
+async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]:
+    """Everything ``info`` shows, as data (what ``-o json`` prints)."""
+    cluster_id = await read_cluster_id(client)
+    providers, offloaded = await _consumer_side(client)
+    consumers = await _provider_side(client)
+    if peer is not None:
+        providers = [p for p in providers if p["id"] == peer]
+        consumers = [c for c in consumers if c["id"] == peer]
+        if not providers and not consumers:
+            raise UserError(f"no peer called {peer!r} on this cluster")
+    roles = (["consumer"] if providers else []) + (["provider"] if consumers else [])
+    granted = sum((_q(p["gpus"]["granted"]) for p in providers), Decimal(0))
+    used = sum((_q(p["gpus"]["used"]) for p in providers), Decimal(0))
+    return {
+        "cluster": {"id": cluster_id, "server": client.base_url},
+        "roles": roles,
+        "providers": providers,
+        "consumers": consumers,
+        "offloadedNamespaces": offloaded,
+        "pool": {
+            "providers": len(providers),
+            "ready": len([p for p in providers if p["ready"]]),
+            "gpus": {"granted": _n(granted), "used": _n(used), "free": _n(max(granted - used, Decimal(0)))},
+        },
+    }
+
+
+def _render(data: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    roles = " and ".join(data["roles"]) or "not peered"
+    name = data["cluster"]["id"] or "(no gpuferry cluster ID)"
+    console.print(f"[bold]{name}[/] ({data['cluster']['server']}): {roles}")
+    if data["providers"]:
+        t = Table(title="providers (GPUs borrowed)")
+        for col in (
+            "provider",
+            "virtual node",
+            "ready",
+            "GPU",
+            "granted",
+            "used",
+            "largest block",
+            "identity until",
+        ):
+            t.add_column(col)
+        for p in data["providers"]:
+            t.add_row(
+                p["id"],
+                p["virtualNode"],
+                "yes" if p["ready"] else f"no ({p['readyReason']})",
+                p["gpuProduct"] or "-",
+                str(p["gpus"]["granted"]),
+                str(p["gpus"]["used"]),
+                str(p["largestBlock"] or "-"),
+                str(p["identity"]["notAfter"] or "-"),
+            )
+        console.print(t)
+        pool = data["pool"]
+        console.print(
+            f"GPU pool: {pool['gpus']['granted']} granted by {pool['providers']} providers "
+            f"({pool['ready']} ready), {pool['gpus']['used']} in use, {pool['gpus']['free']} free"
+        )
+    if data["offloadedNamespaces"]:
+        t = Table(title="offloaded namespaces")
+        for col in ("namespace", "strategy", "twin namespaces"):
+            t.add_column(col)
+        for o in data["offloadedNamespaces"]:
+            twins = ", ".join(f"{r['provider']}: {r['namespace']}" for r in o["remoteNamespaces"]) or "-"
+            t.add_row(o["namespace"], str(o["podOffloadingStrategy"]), twins)
+        console.print(t)
+    if data["consumers"]:
+        t = Table(title="consumers (GPUs lent)")
+        for col in ("consumer", "authenticated", "slices", "granted", "used", "twin namespaces"):
+            t.add_column(col)
+        for c in data["consumers"]:
+            slices = ", ".join(f"{s['name']}: {s['phase']}" for s in c["slices"]) or "-"
+            t.add_row(
+                c["id"],
+                "yes" if c["authenticated"] else "no",
+                slices,
+                str(c["gpus"]["granted"]),
+                str(c["gpus"]["used"]),
+                ", ".join(c["twinNamespaces"]) or "-",
+            )
+        console.print(t)
+
+
+async def cmd_info(args: argparse.Namespace) -> int:
+    if args.peer and (len(args.peer) != 2 or args.peer[0] != "peer"):
+        raise UserError("usage: gpuferry info [peer NAME]")
+    peer = args.peer[1] if args.peer else None
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
+        data = await collect(client, peer)
+    emit(data, args.output, lambda console: _render(data, console))
+    return 0
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    info = sub.add_parser(
+        "info",
+        parents=[common],
+        help="peers, roles, granted and used GPUs, virtual nodes, offloaded namespaces, the GPU pool",
+    )
+    info.add_argument("peer", nargs="*", metavar="peer NAME", help="only this peer: `info peer NAME`")
+    info.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    info.set_defaults(handler=cmd_info)

@@ -1,0 +1,312 @@
+"""The whole story through the ``gpuferry`` CLI, as a platform engineer and an ML engineer live it:
+peer → offload a namespace → ``kubectl create`` a GPU Job → it completes → info → unoffload →
+unpeer, and both clusters are back to what they were.
+
+The CLI runs as a real process (``python -m peering.cli.main``), with its local agents (the
+provider controller, the consumer agent and its virtual kubelets) as real background processes,
+kept in a temporary ``$GPUFERRY_CACHE`` so that they cannot meet the demo's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hack.localcluster import LocalCluster
+from kube.clients import KubeClient
+from kube.errors import Forbidden, NotFound, Unauthorized
+from kube.objects import CSRS, JOBS, NAMESPACES, NODES, PODS, SECRETS, RawObject, Resource
+from peering.localagents import all_agents, stop_agent
+
+from .conftest import NamespaceFactory
+from .waiting import condition, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLUSTERROLEBINDINGS = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False
+)
+POLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicy",
+    namespaced=False,
+)
+H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+JOB = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: finetune}
+spec:
+  completions: 3
+  parallelism: 3
+  template:
+    metadata:
+      annotations: {gpuferry.io/simulate-complete-after: "2s"}
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: train
+        image: nvcr.io/nvidia/pytorch:25.01-py3
+        resources: {limits: {nvidia.com/gpu: "1"}}
+"""
+
+
+class Cli:
+    def __init__(self, consumer: LocalCluster, provider: LocalCluster, cache: Path) -> None:
+        self.c, self.p = str(consumer.spec.kubeconfig), str(provider.spec.kubeconfig)
+        self.env = {**os.environ, "GPUFERRY_CACHE": str(cache)}
+
+    async def __call__(self, *args: str) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "peering.cli.main",
+            *args,
+            env=self.env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    async def ok(self, *args: str) -> str:
+        code, out, err = await self(*args)
+        assert code == 0, f"gpuferry {' '.join(args)} failed ({code}):\n{err}\n{out}"
+        assert "Traceback" not in err
+        return out
+
+
+@contextlib.contextmanager
+def cache_of(cli: Cli) -> Iterator[None]:
+    """This process looks at the CLI's agents (their records live under $GPUFERRY_CACHE)."""
+    previous = os.environ.get("GPUFERRY_CACHE")
+    os.environ["GPUFERRY_CACHE"] = cli.env["GPUFERRY_CACHE"]
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("GPUFERRY_CACHE", None)
+        else:
+            os.environ["GPUFERRY_CACHE"] = previous
+
+
+@pytest.fixture
+async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
+    runner = Cli(consumer, provider, tmp_path / "cache")
+    yield runner
+    with cache_of(runner):
+        for agent in all_agents():  # whatever a failed test left running
+            stop_agent(agent)
+
+
+async def names(client: KubeClient, resource: Resource, **kw: Any) -> set[str]:
+    try:
+        return {o["metadata"]["name"] for o in (await client.list(resource, **kw))["items"]}
+    except NotFound:
+        return set()
+
+
+async def snapshot(consumer: KubeClient, provider: KubeClient) -> dict[str, set[str]]:
+    """What peering could leave behind, by kind and side."""
+    return {
+        "provider namespaces": await names(provider, NAMESPACES),
+        "provider CSRs": await names(provider, CSRS),
+        "provider clusterrolebindings": await names(provider, CLUSTERROLEBINDINGS),
+        "consumer namespaces": await names(consumer, NAMESPACES),
+        "consumer nodes": await names(consumer, NODES),
+        "consumer admission policies": await names(consumer, POLICIES),
+    }
+
+
+def masked(data: Any) -> Any:
+    """info's JSON with what differs from run to run replaced by its type."""
+    if isinstance(data, dict):
+        return {
+            k: ("<time>" if k == "notAfter" else "<url>" if k == "server" else masked(v))
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [masked(v) for v in data]
+    return data
+
+
+async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
+    cli: Cli,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    before = await snapshot(consumer_client, provider_client)
+    peer = [
+        "peer",
+        "--kubeconfig",
+        cli.c,
+        "--remote-kubeconfig",
+        cli.p,
+        "--cluster-id",
+        "ml-eu",
+        "--remote-cluster-id",
+        "gpu-farm",
+        "--selector",
+        H100,
+        "--timeout",
+        "60",
+    ]
+
+    # asking for more than exists: refused with the provider's reason, exit 3
+    code, _, err = await cli(*peer, "--gpus", "999")
+    assert code == 3 and "denied" in err and "Traceback" not in err, err
+
+    result = json.loads(await cli.ok(*peer, "--gpus", "4", "-o", "json"))
+    assert result["slice"]["phase"] == "Granted" and result["slice"]["granted"]["nvidia.com/gpu"] == "4"
+    assert result["virtualNode"]["name"] == "gpuferry-gpu-farm"
+    assert result["virtualNode"]["gpuProduct"] == "NVIDIA-H100-80GB-HBM3"
+    again = json.loads(await cli.ok(*peer, "--gpus", "4", "-o", "json"))
+    assert again["alreadyPeered"] is True and again["slice"]["granted"] == result["slice"]["granted"]
+
+    ns = await make_namespace(consumer_client)
+    offloaded = json.loads(await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-o", "json"))
+    twin_ns = f"{ns}-ml-eu"
+    assert offloaded["remoteNamespaces"] == [
+        {"clusterID": "gpu-farm", "remoteNamespace": twin_ns, "phase": "Ready"}
+    ]
+
+    # the ML engineer's part: plain kubectl, no toleration, no node selector
+    consumer.kubectl("-n", ns, "create", "-f", "-", input=JOB)
+    job = await wait_for(
+        consumer_client,
+        JOBS,
+        "finetune",
+        lambda j: (condition(j, "Complete") or {}).get("status") == "True",
+        namespace=ns,
+        timeout=120,
+    )
+    assert job["status"]["succeeded"] == 3
+    pods = (await consumer_client.list(PODS, ns))["items"]
+    assert {p["spec"]["nodeName"] for p in pods} == {"gpuferry-gpu-farm"}
+    twins = (await provider_client.list(PODS, twin_ns))["items"]
+    assert len(twins) == 3 and all(t["status"]["phase"] == "Succeeded" for t in twins)
+    assert all(t["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" for t in twins)
+
+    # info, golden (times and URLs masked)
+    info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))
+    assert info == {
+        "cluster": {"id": "ml-eu", "server": "<url>"},
+        "roles": ["consumer"],
+        "consumers": [],
+        "offloadedNamespaces": [
+            {
+                "namespace": ns,
+                "podOffloadingStrategy": "LocalAndRemote",
+                "namespaceMappingStrategy": "DefaultName",
+                "remoteNamespaces": [{"provider": "gpu-farm", "namespace": twin_ns}],
+            }
+        ],
+        "pool": {"providers": 1, "ready": 1, "gpus": {"granted": 4, "used": 0, "free": 4}},
+        "providers": [
+            {
+                "id": "gpu-farm",
+                "virtualNode": "gpuferry-gpu-farm",
+                "ready": True,
+                "readyReason": "ProviderReachable",
+                "phase": "Running",
+                "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+                "granted": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4", "pods": "110"},
+                "largestBlock": "4",
+                "gpus": {"granted": 4, "used": 0, "free": 4},
+                "pods": 0,
+                "identity": {"username": "gpuferry:consumer:ml-eu", "notAfter": "<time>"},
+                "network": "not configured",
+            }
+        ],
+    }
+    provider_info = json.loads(await cli.ok("info", "peer", "ml-eu", "--kubeconfig", cli.p, "-o", "json"))
+    assert provider_info["roles"] == ["provider"]
+    (tenant,) = provider_info["consumers"]
+    assert tenant["authenticated"] and tenant["twinNamespaces"] == [twin_ns]
+    assert tenant["gpus"] == {"granted": 4, "used": 0}
+
+    # the consumer's own identity on the provider: its tenant and twin namespaces, nothing else
+    secret = await consumer_client.get(SECRETS, "gpuferry-identity-gpu-farm", "gpuferry-system")
+    kubeconfig = base64.b64decode(secret["data"]["kubeconfig"])
+    async with KubeClient.from_kubeconfig_data(kubeconfig) as me:
+        with pytest.raises(Forbidden):
+            await me.list(SECRETS, "kube-system")
+        with pytest.raises(Forbidden):
+            await me.create(PODS, gpu_pod("outside", 1), "default")
+        privileged = gpu_pod("root", 1)
+        privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        with pytest.raises(Forbidden, match="privileged"):
+            await me.create(PODS, privileged, twin_ns)
+        with pytest.raises(Forbidden, match="exceeded quota"):
+            await me.create(PODS, gpu_pod("greedy", 5), twin_ns)
+        await me.list(PODS, twin_ns)  # what it may do, it can
+
+        await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c)
+        await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
+        # revoked: the old certificate opens nothing any more
+        for attempt in (me.list(PODS, twin_ns), me.list(SECRETS, "gpuferry-tenant-ml-eu")):
+            with pytest.raises((Forbidden, Unauthorized, NotFound)):
+                await attempt
+
+    after = await snapshot(consumer_client, provider_client)
+    after["consumer namespaces"].discard(ns)  # the test's own
+    assert {k: sorted(after[k] - before[k]) for k in before} == {k: [] for k in before}, "leftovers"
+    with cache_of(cli):
+        assert not [a for a in all_agents() if a.pid() is not None], "agents still running"
+    with pytest.raises(NotFound):
+        await provider_client.get(NAMESPACES, twin_ns)
+
+
+def gpu_pod(name: str, gpus: int) -> RawObject:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+            ]
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["peer", "--remote-kubeconfig", "{p}"], "say how many GPUs"),
+        (
+            ["peer", "--remote-kubeconfig", "{p}", "--gpus", "2", "--cpu", "lots"],
+            "'lots' is not a Kubernetes quantity",
+        ),
+        (["peer", "--gpus", "2"], "give the provider's kubeconfig"),
+        (["peer", "--remote-kubeconfig", "{c}", "--gpus", "1"], "same API server"),
+        (["peer", "--remote-kubeconfig", "/nonexistent", "--gpus", "1"], "/nonexistent"),
+        (["offload", "namespace", "no-such-namespace"], "namespace no-such-namespace not found"),
+        (["unoffload", "namespace", "default"], "namespace default is not offloaded"),
+        (["info", "peer", "nobody"], "no peer called 'nobody'"),
+        (["info", "nobody"], "usage: gpuferry info [peer NAME]"),
+    ],
+)
+async def test_user_errors_are_one_line_and_a_nonzero_exit(cli: Cli, args: list[str], message: str) -> None:
+    argv = [a.format(c=cli.c, p=cli.p) for a in args] + ["--kubeconfig", cli.c]
+    code, out, err = await cli(*argv)
+    assert code != 0
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert not out
