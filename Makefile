@@ -29,6 +29,7 @@ up: setup
 	$(PY) -m hack.localcluster up
 
 down:
+	-$(VENV)/bin/gpuferry agents stop
 	$(PY) -m hack.localcluster down
 
 status:

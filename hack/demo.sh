@@ -1,36 +1,79 @@
 #!/usr/bin/env bash
-# The demo: build what is missing, start a consumer and a provider cluster on loopback, show the
-# provider's GPU nodes and how to use each cluster with kubectl. Run through `make demo`.
-#
-# What later steps add here (peer, offload a namespace, run a GPU job) lands with the peering
-# and virtual-kubelet work; today the demo stops at two real clusters.
+# The demo, run through `make demo`: build what is missing, start a consumer and a provider
+# cluster on loopback, peer them with `gpuferry peer`, offload a namespace, create a GPU Job with
+# plain kubectl, show it on the virtual node (consumer) and as twins (provider), then
+# `gpuferry info`. Idempotent: running it again reuses the clusters and the peering.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=.venv/bin/python
+gf=.venv/bin/gpuferry
 profile=${GPUFERRY_PROFILE:-demo}
+ns=${GPUFERRY_DEMO_NAMESPACE:-ml-team}
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 $py -m hack.localcluster --profile "$profile" up
 kubectl=$(bash hack/build-k8s.sh --print-bin-dirs | head -1)/kubectl
 eval "$($py -m hack.localcluster --profile "$profile" env)"
+C=$GPUFERRY_CONSUMER_KUBECONFIG
+P=$GPUFERRY_PROVIDER_KUBECONFIG
 
-for var in GPUFERRY_CONSUMER_KUBECONFIG GPUFERRY_PROVIDER_KUBECONFIG; do
-  .venv/bin/gpuferry install crds --quiet --kubeconfig "${!var}"
-done
+cols='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
+step "provider cluster: its GPU nodes"
+"$kubectl" --kubeconfig "$P" get nodes -o custom-columns="$cols"
 
-cols='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,CPU:.status.allocatable.cpu,MEMORY:.status.allocatable.memory,GPUS:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
-for side in CONSUMER PROVIDER; do
-  var=GPUFERRY_${side}_KUBECONFIG
-  echo
-  echo "== ${side,,} cluster ($("$kubectl" --kubeconfig "${!var}" version -o json | $py -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])'))"
-  "$kubectl" --kubeconfig "${!var}" get nodes -o custom-columns="$cols"
-done
+step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider"
+$gf peer --kubeconfig "$C" --remote-kubeconfig "$P" --cluster-id ml-eu --remote-cluster-id gpu-farm \
+  --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3
+
+step "consumer cluster: a virtual node advertises them"
+"$kubectl" --kubeconfig "$C" get nodes -o custom-columns="$cols,LARGEST-BLOCK:.metadata.labels.gpuferry\.io/largest-gpu-block"
+
+step "gpuferry offload namespace $ns"
+"$kubectl" --kubeconfig "$C" create namespace "$ns" --dry-run=client -o yaml | "$kubectl" --kubeconfig "$C" apply -f - >/dev/null
+$gf offload namespace "$ns" --kubeconfig "$C"
+
+step "an ML engineer: kubectl create -f job.yaml (no toleration, no node selector)"
+job=finetune-$(date +%H%M%S)
+cat <<YAML | tee /dev/stderr | "$kubectl" --kubeconfig "$C" -n "$ns" create -f -
+apiVersion: batch/v1
+kind: Job
+metadata: {name: $job}
+spec:
+  completions: 4
+  parallelism: 4
+  template:
+    metadata:
+      annotations: {gpuferry.io/simulate-complete-after: "20s"}  # kwok: the "training" takes 20 s
+    spec:
+      restartPolicy: Never
+      containers:
+      - name: train
+        image: nvcr.io/nvidia/pytorch:25.01-py3
+        resources: {limits: {nvidia.com/gpu: "2"}}
+YAML
+"$kubectl" --kubeconfig "$C" -n "$ns" wait --for=jsonpath='{.status.ready}'=4 "job/$job" --timeout=120s >/dev/null
+
+step "consumer: the Job's pods Running on the virtual node"
+"$kubectl" --kubeconfig "$C" -n "$ns" get pods -l "job-name=$job" -o wide
+step "provider: their twins on H100 nodes, in the twin namespace"
+"$kubectl" --kubeconfig "$P" -n "$ns-ml-eu" get pods -o wide
+
+step "gpuferry info (consumer, then provider)"
+$gf info --kubeconfig "$C"
+$gf info --kubeconfig "$P"
+
+"$kubectl" --kubeconfig "$C" -n "$ns" wait --for=condition=Complete "job/$job" --timeout=120s >/dev/null
+step "the Job completed on the consumer"
+"$kubectl" --kubeconfig "$C" -n "$ns" get job "$job"
 
 cat <<MSG
 
-Both clusters run as local processes; point kubectl at them with:
-  export KUBECONFIG=$GPUFERRY_CONSUMER_KUBECONFIG   # consumer
-  export KUBECONFIG=$GPUFERRY_PROVIDER_KUBECONFIG   # provider
-  alias kubectl=$kubectl  # the kubectl built with them
-  .venv/bin/gpuferry version --kubeconfig \$KUBECONFIG   # server version, gpuferry CRDs
-Status: make status    Stop and clean up: make down
+Try it yourself:
+  export KUBECONFIG=$C   # the consumer (the provider: $P)
+  alias kubectl=$kubectl
+  kubectl -n $ns create job gpu-test --image=cuda -- nvidia-smi   # add GPU limits to land remotely
+  $gf info -o yaml
+Undo: $gf unoffload namespace $ns --kubeconfig $C; $gf unpeer --kubeconfig $C --remote-kubeconfig $P
+Stop the clusters: make down
 MSG

@@ -1,7 +1,7 @@
 """``gpuferry``: the command line. Every error a user can cause is one line and a non-zero exit.
 
-Commands today: ``version`` (client, server and whether gpuferry's CRDs are installed) and
-``install crds``. Peering, offloading and ``info`` come with the peering work.
+Commands: ``peer``/``unpeer``, ``offload``/``unoffload namespace``, ``info``, ``agents``,
+``version`` and ``install crds``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
-from . import info_cmd, offload_cmds, peering_cmds
+from . import agents_cmd, info_cmd, offload_cmds, peering_cmds
 from .common import UserError
 
 EXIT_USER_ERROR = 1
@@ -123,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     peering_cmds.add_parsers(sub, common)
     offload_cmds.add_parsers(sub, common)
     info_cmd.add_parser(sub, common)
+    agents_cmd.add_parser(sub)
     return parser
 
 

@@ -175,6 +175,11 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     assert result["slice"]["phase"] == "Granted" and result["slice"]["granted"]["nvidia.com/gpu"] == "4"
     assert result["virtualNode"]["name"] == "gpuferry-gpu-farm"
     assert result["virtualNode"]["gpuProduct"] == "NVIDIA-H100-80GB-HBM3"
+    agents = json.loads(await cli.ok("agents", "-o", "json"))["agents"]
+    assert sorted((a["role"], a["cluster"], bool(a["pid"])) for a in agents) == [
+        ("consumer", "ml-eu", True),
+        ("provider", "gpu-farm", True),
+    ]
     again = json.loads(await cli.ok(*peer, "--gpus", "4", "-o", "json"))
     assert again["alreadyPeered"] is True and again["slice"]["granted"] == result["slice"]["granted"]
 

@@ -1,0 +1,56 @@
+"""``gpuferry agents``: the controllers ``gpuferry peer`` started as local background processes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..localagents import agents_dir, all_agents, stop_agent
+from .common import emit
+
+__all__ = ["add_parser"]
+
+
+async def cmd_agents(args: argparse.Namespace) -> int:
+    agents = all_agents()
+    if args.action == "stop":
+        stopped = [f"{a.role}-{a.cluster_id}" for a in agents if stop_agent(a)]
+        emit(
+            {"stopped": stopped},
+            args.output,
+            lambda console: console.print(f"stopped {len(stopped)} agents: {', '.join(stopped) or 'none'}"),
+        )
+        return 0
+    rows = [
+        {
+            "role": a.role,
+            "cluster": a.cluster_id,
+            "pid": a.pid(),
+            "log": str(a.log),
+            "kubeconfig": a.kubeconfig,
+        }
+        for a in agents
+    ]
+
+    def table(console: Any) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"local agents ({agents_dir()})")
+        for col in ("role", "cluster", "running", "log"):
+            t.add_column(col)
+        for r in rows:
+            running = f"pid {r['pid']}" if r["pid"] else "no"
+            t.add_row(str(r["role"]), str(r["cluster"]), running, str(r["log"]))
+        console.print(t)
+
+    emit({"agents": rows}, args.output, table)
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    agents = sub.add_parser(
+        "agents", help="list or stop the local controllers that `gpuferry peer` started (embedded mode)"
+    )
+    agents.add_argument("action", nargs="?", choices=["list", "stop"], default="list")
+    agents.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    agents.set_defaults(handler=cmd_agents)
