@@ -6,7 +6,7 @@ from __future__ import annotations
 from .binaries import Binaries, BinariesMissing, ensure_built
 from .cluster import COMPONENTS, LocalCluster
 from .processes import ComponentFailed, PortBusy
-from .spec import ClusterSpec, NodeSpec, cluster_specs
+from .spec import ClusterSpec, NodeSpec, cluster_specs, second_provider_spec
 
 __all__ = [
     "COMPONENTS",
@@ -20,6 +20,7 @@ __all__ = [
     "cluster_specs",
     "ensure_built",
     "profile_clusters",
+    "second_provider",
 ]
 
 
@@ -27,3 +28,8 @@ def profile_clusters(profile: str, *, build: bool = True) -> dict[str, LocalClus
     """The consumer and provider clusters of ``profile``, binaries built when missing."""
     binaries = ensure_built(build=build)
     return {name: LocalCluster(spec, binaries) for name, spec in cluster_specs(profile).items()}
+
+
+def second_provider(profile: str, *, build: bool = True) -> LocalCluster:
+    """The optional second provider cluster of ``profile`` (not started by ``profile_clusters``)."""
+    return LocalCluster(second_provider_spec(profile), ensure_built(build=build))

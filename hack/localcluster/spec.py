@@ -170,6 +170,39 @@ def provider_nodes() -> tuple[NodeSpec, ...]:
     return tuple(nodes)
 
 
+A100_LABELS: dict[str, str] = {
+    **{k: v for k, v in H100_LABELS.items() if not k.startswith("nvidia.com/gpu.")},
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/gpu.family": "ampere",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "0",
+}
+
+
+def second_provider_nodes() -> tuple[NodeSpec, ...]:
+    """A second GPU farm for the federation tests: 2 nodes x 4 A100."""
+    return tuple(_gpu_nodes("gpu-a100", 2, 4, A100_LABELS, first_cidr=1))
+
+
+def second_provider_spec(profile: str, run_root: Path | None = None) -> ClusterSpec:
+    """A second provider cluster of ``profile`` (ports: the provider's base + 50), started only
+    by what needs one (the several-providers tests); same CIDRs as the others, as usual."""
+    if profile not in PROFILE_PORT_BASES:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILE_PORT_BASES)}")
+    root = (run_root or default_run_root()) / profile
+    return ClusterSpec(
+        name="provider-b",
+        role="provider",
+        ports=Ports.from_base(PROFILE_PORT_BASES[profile]["provider"] + 50),
+        service_cidr="10.96.0.0/16",
+        pod_cidr="10.244.0.0/16",
+        nodes=second_provider_nodes(),
+        run_dir=root / "provider-b",
+    )
+
+
 def consumer_nodes() -> tuple[NodeSpec, ...]:
     """Two CPU-only worker nodes."""
     return tuple(
