@@ -25,10 +25,13 @@ from kube.reconciling import run_workers
 from kube.tasks import run_supervised
 from kube.watching import Listed, WatchEvent, watch_objects
 
+from .forge.accessories import CONFIGMAP, SECRET
 from .forge.labels import owner_selector
+from .forge.names import twin_namespace
 from .forge.pods import ForgeOptions
 from .node.controller import NodeController
 from .node.lease import LEASE_NAMESPACE
+from .reflection.accessories import AccessoryReflector
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.pods import PodReflector, refresh_phase_gauge
 from .reflection.twins import TwinNamespaces
@@ -64,6 +67,8 @@ async def _resync(queue: KeyedQueue[ObjectKey], reflector: PodReflector, every: 
         await asyncio.sleep(every)
         for key in {*reflector.local.keys(), *reflector.remote.keys()}:
             queue.add(key)
+        for accessory in reflector.accessories:
+            accessory.resync()
 
 
 async def _serve_metrics(port: int, reflector: PodReflector) -> None:
@@ -123,8 +128,14 @@ async def run_virtual_node(namespace: str, name: str, base: VirtualKubeletSettin
             ) from None
         settings = from_virtual_node(vn, secret, base)
         generation = vn["metadata"].get("generation")
-        logger.info("VirtualNode %s/%s generation %s: node %s for provider %s", namespace, name,
-                    generation, settings.effective_node_name, settings.provider_cluster_id)
+        logger.info(
+            "VirtualNode %s/%s generation %s: node %s for provider %s",
+            namespace,
+            name,
+            generation,
+            settings.effective_node_name,
+            settings.provider_cluster_id,
+        )
 
         outcome: list[str] = []
 
@@ -165,11 +176,18 @@ async def run(settings: VirtualKubeletSettings) -> None:
     provider = _provider_client(settings)
     async with consumer, provider:
         queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
+        accessories: list[AccessoryReflector] = []
+
+        def local_pod_changed(key: ObjectKey) -> None:
+            queue.add(key)
+            for reflector_ in accessories:
+                reflector_.pod_changed(key)
+
         local = PodCache(
             "consumer",
             consumer,
             key_of=consumer_key,
-            on_change=queue.add,
+            on_change=local_pod_changed,
             field_selector=f"spec.nodeName={settings.effective_node_name}",
             settings=settings.watch,
         )
@@ -211,6 +229,25 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 settings=settings.watch,
             )
             node = NodeController(consumer=consumer, provider=provider, settings=settings)
+        opts = forge_options(settings)
+
+        def twin_namespace_for(origin: str) -> str | None:
+            if twins is not None:
+                return twins.twin_namespace_for(origin)
+            return twin_namespace(origin, opts.consumer_cluster_id, strategy=opts.namespace_strategy)
+
+        for kind in (CONFIGMAP, SECRET):
+            accessories.append(
+                AccessoryReflector(
+                    kind,
+                    consumer=consumer,
+                    provider=provider,
+                    pods=local,
+                    twin_namespace_for=twin_namespace_for,
+                    consumer_id=settings.consumer_cluster_id,
+                    settings=settings.watch,
+                )
+            )
         reflector = PodReflector(
             consumer=consumer,
             provider=provider,
@@ -220,6 +257,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             node_address=settings.node_address,
             fit=node,
             twins=twins,
+            accessories=accessories,
         )
 
         def retry_gated() -> None:
@@ -234,9 +272,19 @@ async def run(settings: VirtualKubeletSettings) -> None:
             "sync_pods_to_remote": _sync_pods(queue, reflector, settings),
             "resync": _resync(queue, reflector, settings.resync_seconds),
         }
+        for accessory in accessories:
+            roots[f"sync_{accessory.kind}_to_remote"] = run_workers(
+                accessory.queue,
+                accessory,
+                settings=settings.queue,
+                logger=logger,
+                kind=accessory.resource.kind,
+            )
         if settings.metrics_port:
             roots["metrics"] = _serve_metrics(settings.metrics_port, reflector)
         try:
             await run_supervised(roots, logger=logger)
         finally:
             queue.shutdown()
+            for accessory in accessories:
+                await accessory.stop()

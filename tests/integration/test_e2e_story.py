@@ -24,7 +24,7 @@ import pytest
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound, Unauthorized
-from kube.objects import CSRS, JOBS, NAMESPACES, NODES, PODS, SECRETS, RawObject, Resource
+from kube.objects import CONFIGMAPS, CSRS, JOBS, NAMESPACES, NODES, PODS, SECRETS, RawObject, Resource
 from peering.localagents import all_agents, stop_agent
 
 from .conftest import NamespaceFactory
@@ -59,6 +59,8 @@ spec:
       - name: train
         image: nvcr.io/nvidia/pytorch:25.01-py3
         resources: {limits: {nvidia.com/gpu: "1"}}
+        volumeMounts: [{name: hyper, mountPath: /etc/hyper}]
+      volumes: [{name: hyper, configMap: {name: hyper}}]
 """
 
 
@@ -191,6 +193,7 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     ]
 
     # the ML engineer's part: plain kubectl, no toleration, no node selector
+    consumer.kubectl("-n", ns, "create", "configmap", "hyper", "--from-literal=lr=3e-4")
     consumer.kubectl("-n", ns, "create", "-f", "-", input=JOB)
     job = await wait_for(
         consumer_client,
@@ -206,6 +209,8 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     twins = (await provider_client.list(PODS, twin_ns))["items"]
     assert len(twins) == 3 and all(t["status"]["phase"] == "Succeeded" for t in twins)
     assert all(t["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" for t in twins)
+    # what they mount went with them, written with the consumer's own identity
+    assert (await provider_client.get(CONFIGMAPS, "hyper", twin_ns))["data"] == {"lr": "3e-4"}
 
     # info, golden (times and URLs masked)
     info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))

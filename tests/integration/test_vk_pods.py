@@ -20,7 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import EVENTS, JOBS, LEASES, NAMESPACES, NODES, PODS, RawObject, Resource
+from kube.objects import (
+    CONFIGMAPS,
+    EVENTS,
+    JOBS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SECRETS,
+    RawObject,
+    Resource,
+)
 from vk.app import forge_options, run
 from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
@@ -440,3 +451,52 @@ async def test_a_twin_the_provider_scheduler_refuses_says_why_on_the_consumer(
     assert "free ports" in pending["status"]["message"]
     # on the consumer the pod is scheduled (on the virtual node), whatever the provider says
     assert (condition(pending, "PodScheduled") or {}).get("status") == "True"
+
+
+async def test_configmaps_and_secrets_follow_the_pods_that_use_them(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    twin_ns = vk.twin_ns(ns)
+    await consumer_client.create(
+        CONFIGMAPS,
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hyper"}, "data": {"lr": "3e-4"}},
+        ns,
+    )
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "s3"},
+        "type": "Opaque",
+        "data": {"key": "c2VjcmV0"},
+    }
+    await consumer_client.create(SECRETS, secret, ns)
+    for name in ("reader-a", "reader-b"):
+        spec = pod(name, 1)
+        spec["spec"]["volumes"] = [{"name": "cfg", "configMap": {"name": "hyper"}}]
+        spec["spec"]["containers"][0]["volumeMounts"] = [{"name": "cfg", "mountPath": "/etc/hyper"}]
+        spec["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "s3"}}]
+        await consumer_client.create(PODS, spec, ns)
+    for name in ("reader-a", "reader-b"):
+        await wait_for(consumer_client, PODS, name, running, namespace=ns, timeout=30)
+    copy = await provider_client.get(CONFIGMAPS, "hyper", twin_ns)
+    assert copy["data"] == {"lr": "3e-4"}
+    assert (await provider_client.get(SECRETS, "s3", twin_ns))["data"] == {"key": "c2VjcmV0"}
+
+    # an update reaches the copy
+    await consumer_client.patch(CONFIGMAPS, "hyper", {"data": {"lr": "1e-4"}}, ns)
+    await wait_for(
+        provider_client, CONFIGMAPS, "hyper", lambda c: c["data"] == {"lr": "1e-4"}, namespace=twin_ns
+    )
+
+    # one user gone: still needed; both gone: the copies go
+    await consumer_client.delete(PODS, "reader-a", ns)
+    await wait_for_deletion(consumer_client, PODS, "reader-a", ns)
+    await asyncio.sleep(1)
+    assert (await provider_client.get(CONFIGMAPS, "hyper", twin_ns))["data"] == {"lr": "1e-4"}
+    await consumer_client.delete(PODS, "reader-b", ns)
+    await wait_for_deletion(provider_client, CONFIGMAPS, "hyper", twin_ns, timeout=30)
+    await wait_for_deletion(provider_client, SECRETS, "s3", twin_ns, timeout=30)

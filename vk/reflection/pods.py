@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -38,6 +38,7 @@ from ..forge.labels import ORIGIN_NAMESPACE, origin_of, ownership_labels
 from ..forge.names import twin_namespace
 from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
 from ..forge.podstatus import local_status, status_patch
+from .accessories import AccessoryReflector
 from .caches import PodCache
 from .twins import TwinNamespaces
 
@@ -83,6 +84,7 @@ class PodReflector:
         fit: FitOracle | None = None,
         remap_ip: Callable[[str], str] = lambda ip: ip,
         twins: TwinNamespaces | None = None,
+        accessories: Sequence[AccessoryReflector] = (),
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -93,6 +95,8 @@ class PodReflector:
         self.fitter = fit
         self.remap_ip = remap_ip
         self.twins = twins
+        self.accessories = list(accessories)
+        """ConfigMaps and Secrets the twin needs are copied before it is created."""
         """Set with a scoped identity: the provider makes twin namespaces, we only use them."""
         self._namespaces: set[str] = set()
         self._events_sent: set[tuple[str, str]] = set()
@@ -188,6 +192,8 @@ class PodReflector:
             twin["metadata"]["namespace"] = self.twins.twin_namespace_for(origin_ns)
         else:
             await self._ensure_namespace(origin_ns)
+        for accessory in self.accessories:  # what the twin mounts exists before the twin
+            await accessory.ensure_for(local)
         try:
             await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:

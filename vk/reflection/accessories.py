@@ -1,0 +1,218 @@
+"""ConfigMaps and Secrets of offloaded pods, copied to the twin namespace and kept in sync.
+
+One :class:`AccessoryReflector` per kind, the same shape for both: keys are
+``(namespace, name)`` on the consumer; ``reconcile`` compares what the consumer's pods on the
+virtual node reference with what the twin namespace holds, and creates, replaces or deletes the
+copy (only copies gpuferry made: an object of the same name made on the provider by someone else
+is reported, never touched).
+
+What wakes a key up: a change of a consumer pod on the node (the names it references, before and
+after), a change of the consumer object (one watch per namespace that has pods on the node), and
+the periodic resync. Before a twin is created, the pod reflector calls :meth:`ensure_for`, so
+that the copies exist before the provider's kubelet looks for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from kube.logs import object_logger
+from kube.metrics import counter
+from kube.objects import CONFIGMAPS, SECRETS, ObjectKey, RawObject, Resource
+from kube.queueing import KeyedQueue
+from kube.reconciling import Requeue
+from kube.settings import WatchSettings
+from kube.watching import Listed, backoff_delay, watch_objects
+
+from ..forge.accessories import Kind, copy_differs, is_copyable, references, remote_copy
+from ..forge.labels import origin_of
+from .caches import PodCache
+
+__all__ = ["AccessoryReflector"]
+
+logger = logging.getLogger(__name__)
+
+_COPIES = counter(
+    "vk_accessory_copies", "ConfigMap/Secret copies written to twin namespaces.", ["kind", "op"]
+)
+_RESOURCES: dict[Kind, Resource] = {"configmaps": CONFIGMAPS, "secrets": SECRETS}
+
+
+class AccessoryReflector:
+    """Copies of one kind (ConfigMaps or Secrets); see the module docstring."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        consumer: KubeClient,
+        provider: KubeClient,
+        pods: PodCache,
+        twin_namespace_for: Callable[[str], str | None],
+        consumer_id: str,
+        settings: WatchSettings | None = None,
+    ) -> None:
+        self.kind = kind
+        self.resource = _RESOURCES[kind]
+        self.consumer = consumer
+        self.provider = provider
+        self.pods = pods
+        self.twin_namespace_for = twin_namespace_for
+        self.consumer_id = consumer_id
+        self.settings = settings or WatchSettings()
+        self.queue: KeyedQueue[ObjectKey] = KeyedQueue(f"sync_{kind}_to_remote")
+        self._objects: dict[ObjectKey, RawObject] = {}
+        self._watched: dict[str, asyncio.Task[None]] = {}
+        self._synced: dict[str, asyncio.Event] = {}
+        self._refs: dict[ObjectKey, set[str]] = {}  # pod key -> names it referenced last time
+        self._copies: set[ObjectKey] = set()  # consumer keys we believe have a copy
+
+    # ---- what wakes keys up --------------------------------------------------------------------
+
+    def pod_changed(self, key: ObjectKey) -> None:
+        """Called for every change of a consumer pod on the node (and its disappearance)."""
+        namespace = key.namespace or ""
+        pod = self.pods.get(key)
+        now = references(pod)[self.kind] if pod is not None else set()
+        before = self._refs.pop(key, set())
+        if pod is not None:
+            self._refs[key] = now
+            self._watch_namespace(namespace)
+        for name in now | before:
+            self.queue.add(ObjectKey(namespace, name))
+
+    def resync(self) -> None:
+        for key in {
+            *self._copies,
+            *(ObjectKey(k.namespace, n) for k, names in self._refs.items() for n in names),
+        }:
+            self.queue.add(key)
+
+    def _watch_namespace(self, namespace: str) -> None:
+        if namespace in self._watched:
+            return
+        self._synced[namespace] = asyncio.Event()
+        self._watched[namespace] = asyncio.create_task(
+            self._watch(namespace), name=f"watch_consumer_{self.kind} {namespace}"
+        )
+
+    async def _watch(self, namespace: str) -> None:
+        failures = 0
+        while True:
+            try:
+                async for item in watch_objects(
+                    self.consumer, self.resource, namespace=namespace, settings=self.settings
+                ):
+                    failures = 0
+                    if isinstance(item, Listed):
+                        for key in [
+                            k for k in self._objects if k.namespace == namespace and k not in item.keys
+                        ]:
+                            del self._objects[key]
+                            self._wake(key)
+                        self._synced[namespace].set()
+                        continue
+                    if item.type == "DELETED":
+                        self._objects.pop(item.key, None)
+                    else:
+                        self._objects[item.key] = item.object
+                    self._wake(item.key)
+            except KubeError as exc:
+                failures += 1
+                delay = backoff_delay(failures, self.settings)
+                logger.warning(
+                    "watch of consumer %s in %s failed (%s); retrying in %.1fs",
+                    self.kind,
+                    namespace,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+
+    def _wake(self, key: ObjectKey) -> None:
+        if key in self._copies or self._referenced(key):
+            self.queue.add(key)
+
+    def _referenced(self, key: ObjectKey) -> bool:
+        return any(k.namespace == key.namespace and key.name in names for k, names in self._refs.items())
+
+    async def stop(self) -> None:
+        for task in self._watched.values():
+            task.cancel()
+        await asyncio.gather(*self._watched.values(), return_exceptions=True)
+        self.queue.shutdown()
+
+    # ---- reconciling ---------------------------------------------------------------------------
+
+    async def _source(self, key: ObjectKey) -> RawObject | None:
+        namespace = key.namespace or ""
+        synced = self._synced.get(namespace)
+        if synced is not None and synced.is_set():
+            return self._objects.get(key)
+        try:  # its namespace's watch has not listed yet: ask
+            return await self.consumer.get(self.resource, key.name, namespace)
+        except NotFound:
+            return None
+
+    async def reconcile(self, key: ObjectKey) -> Requeue | None:
+        log = object_logger(logger, self.resource.kind, key)
+        namespace = key.namespace or ""
+        twin_ns = self.twin_namespace_for(namespace)
+        if twin_ns is None:
+            return None  # the namespace has no twin (yet): nothing can be copied there
+        wanted = self._referenced(key)
+        source = await self._source(key) if wanted else None
+        try:
+            copy: RawObject | None = await self.provider.get(self.resource, key.name, twin_ns)
+        except NotFound:
+            copy = None
+        ours = copy is not None and (origin_of(copy) or (None,))[0] == self.consumer_id
+        if copy is not None and not ours:
+            log.warning("%s/%s exists on the provider and is not gpuferry's: left alone", twin_ns, key.name)
+            return None
+        if not wanted or source is None or not is_copyable(source, self.kind):
+            if copy is not None:
+                try:
+                    await self.provider.delete(
+                        self.resource, key.name, twin_ns, preconditions_uid=copy["metadata"]["uid"]
+                    )
+                    _COPIES.labels(self.kind, "delete").inc()
+                    log.info("copy in %s deleted (%s)", twin_ns, "unused" if not wanted else "source gone")
+                except (NotFound, Conflict):
+                    pass
+            self._copies.discard(key)
+            return None
+        desired = remote_copy(source, self.kind, namespace=twin_ns, consumer_id=self.consumer_id)
+        if copy is None:
+            try:
+                await self.provider.create(self.resource, desired, twin_ns)
+                _COPIES.labels(self.kind, "create").inc()
+                log.info("copied to %s", twin_ns)
+            except AlreadyExists:
+                return Requeue(0.5)
+        elif copy_differs(copy, desired):
+            if copy.get("immutable"):
+                await self.provider.delete(self.resource, key.name, twin_ns)
+                return Requeue(0.5)  # an immutable copy is replaced by delete + create
+            desired["metadata"]["resourceVersion"] = copy["metadata"]["resourceVersion"]
+            await self.provider.replace(self.resource, key.name, desired, twin_ns)
+            _COPIES.labels(self.kind, "update").inc()
+            log.info("copy in %s updated", twin_ns)
+        self._copies.add(key)
+        return None
+
+    async def ensure_for(self, pod: RawObject) -> None:
+        """Make the copies ``pod`` needs now (before its twin is created)."""
+        namespace = pod["metadata"]["namespace"]
+        self._refs.setdefault(ObjectKey(namespace, pod["metadata"]["name"]), set()).update(
+            references(pod)[self.kind]
+        )
+        for name in sorted(references(pod)[self.kind]):
+            await self.reconcile(ObjectKey(namespace, name))
+
+    def known_keys(self) -> Iterable[ObjectKey]:
+        return set(self._copies)
