@@ -22,6 +22,7 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import (
     CONFIGMAPS,
+    ENDPOINTSLICES,
     EVENTS,
     JOBS,
     LEASES,
@@ -29,9 +30,11 @@ from kube.objects import (
     NODES,
     PODS,
     SECRETS,
+    SERVICES,
     RawObject,
     Resource,
 )
+from kube.watching import Listed, watch_objects
 from vk.app import forge_options, run
 from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
@@ -500,3 +503,55 @@ async def test_configmaps_and_secrets_follow_the_pods_that_use_them(
     await consumer_client.delete(PODS, "reader-b", ns)
     await wait_for_deletion(provider_client, CONFIGMAPS, "hyper", twin_ns, timeout=30)
     await wait_for_deletion(provider_client, SECRETS, "s3", twin_ns, timeout=30)
+
+
+async def test_a_consumer_service_lists_the_twins_addresses(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    for name in ("serve-0", "serve-1"):
+        spec = pod(name, 1)
+        spec["metadata"]["labels"] = {"app": "serve"}
+        spec["spec"]["containers"][0]["ports"] = [{"containerPort": 8000, "name": "http"}]
+        await consumer_client.create(PODS, spec, ns)
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "llm"},
+        "spec": {"selector": {"app": "serve"}, "ports": [{"port": 80, "targetPort": "http"}]},
+    }
+    await consumer_client.create(SERVICES, service, ns)
+    twin_ips = set()
+    for name in ("serve-0", "serve-1"):
+        await wait_for(consumer_client, PODS, name, running, namespace=ns, timeout=30)
+        twin = await wait_for(
+            provider_client, PODS, name, lambda p: bool(p["status"].get("podIP")), namespace=vk.twin_ns(ns)
+        )
+        twin_ips.add(twin["status"]["podIP"])
+
+    def ready_addresses(slice_: RawObject) -> set[str]:
+        return {
+            a
+            for e in slice_.get("endpoints") or []
+            if (e.get("conditions") or {}).get("ready")
+            for a in e["addresses"]
+        }
+
+    async def endpoints() -> set[str]:
+        seen: dict[str, set[str]] = {}
+        selector = "kubernetes.io/service-name=llm"
+        async for item in watch_objects(
+            consumer_client, ENDPOINTSLICES, namespace=ns, label_selector=selector
+        ):
+            if isinstance(item, Listed):
+                continue
+            seen[item.key.name] = set() if item.type == "DELETED" else ready_addresses(item.object)
+            if set().union(*seen.values()) == twin_ips:
+                return twin_ips
+        raise AssertionError("watch ended")
+
+    # the consumer's own EndpointSlice controller, from the reflected pod status
+    assert await asyncio.wait_for(endpoints(), 30) == twin_ips
