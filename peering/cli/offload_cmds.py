@@ -22,11 +22,11 @@ import contextlib
 from typing import Any
 
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, PODS, RawObject, Resource
 
 from .. import flow
-from ..admission import OFFLOADING_NAME, admission_binding, admission_policy
+from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
 from ..clusterid import read_cluster_id
 from ..crds import ensure_crds
 from ..resources import NAMESPACEOFFLOADINGS
@@ -61,6 +61,37 @@ async def ensure_admission(client: KubeClient) -> None:
             field_manager="gpuferry-cli",
             force=True,
         )
+
+
+async def wait_admission_effective(client: KubeClient, namespace: str, timeout: float) -> None:
+    """Until the API server applies the policy to pods of ``namespace``.
+
+    The admission plugin learns of policies and their parameters through informers: for a moment
+    after they are written, a new pod is admitted unchanged (and, without the toleration, never
+    lands on a virtual node). A dry-run pod shows when the rule is live, so that "offloaded"
+    means the very next ``kubectl create`` is offloaded.
+    """
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "gpuferry-offload-probe-"},
+        "spec": {"containers": [{"name": "probe", "image": "probe"}]},
+    }
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            admitted = await client.create(PODS, probe, namespace, dry_run=True)
+            if any(t.get("key") == TAINT_KEY for t in admitted["spec"].get("tolerations") or []):
+                return
+        except KubeError as exc:  # e.g. the namespace's default ServiceAccount is not there yet
+            last = str(exc)
+        else:
+            last = "pods are still admitted without the virtual-node toleration"
+        if asyncio.get_running_loop().time() > deadline:
+            raise UserError(
+                f"namespace {namespace}: the offloading rule is not in effect after {timeout:.0f}s ({last})"
+            )
+        await asyncio.sleep(0.2)
 
 
 async def peered_providers(consumer: KubeClient, only: list[str] | None) -> list[str]:
@@ -131,7 +162,8 @@ async def cmd_offload(args: argparse.Namespace) -> int:
             ns,
             subresource="status",
         )
-        progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy})")
+        await wait_admission_effective(consumer, ns, args.timeout)
+        progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy}); new pods are eligible")
     result = {
         "namespace": ns,
         "podOffloadingStrategy": args.pod_offloading_strategy,

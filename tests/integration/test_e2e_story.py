@@ -108,6 +108,8 @@ def cache_of(cli: Cli) -> Iterator[None]:
 async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
     runner = Cli(consumer, provider, tmp_path / "cache")
     yield runner
+    # a failed test must not leave its peering to the next one (unpeer is idempotent)
+    await runner("unpeer", "--kubeconfig", runner.c, "--remote-kubeconfig", runner.p, "-q")
     with cache_of(runner):
         for agent in all_agents():  # whatever a failed test left running
             stop_agent(agent)

@@ -367,7 +367,8 @@ async def test_requests_and_errors_are_counted_by_verb(fake: FakeApi, client: Ku
 async def test_a_kubeconfig_held_in_memory(fake: FakeApi, kubeconfig: Path) -> None:
     from kube.kubeconfigs import load_kubeconfig_data
 
-    async with KubeClient.from_kubeconfig_data(kubeconfig.read_bytes(), source="secret ns/kc") as client:
+    data = await asyncio.to_thread(kubeconfig.read_bytes)
+    async with KubeClient.from_kubeconfig_data(data, source="secret ns/kc") as client:
         answer = await client.get(CONFIGMAPS, "a", namespace=NS)
     assert answer["method"] == "GET"
     assert fake.requests[-1].headers["Authorization"] == f"Bearer {TOKEN}"

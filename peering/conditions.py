@@ -1,0 +1,50 @@
+"""metav1.Condition lists: setting one condition without disturbing the others. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+__all__ = ["find_condition", "now_rfc3339", "set_condition"]
+
+
+def now_rfc3339() -> str:
+    """The current time as the API server writes it (second precision, ``Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    for cond in conditions or ():
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def set_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str, status: bool, reason: str,
+                  message: str, *, generation: int | None = None,
+                  now: str | None = None) -> list[dict[str, Any]]:
+    """A copy of ``conditions`` with ``type_`` set; ``lastTransitionTime`` moves only when the
+    status changes."""
+    value = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    found = False
+    for cond in conditions or ():
+        if cond.get("type") != type_:
+            out.append(dict(cond))
+            continue
+        found = True
+        changed = cond.get("status") != value
+        new = {"type": type_, "status": value, "reason": reason, "message": message,
+               "lastTransitionTime": (now or now_rfc3339()) if changed else cond.get("lastTransitionTime")
+               or now or now_rfc3339()}
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    if not found:
+        new = {"type": type_, "status": value, "reason": reason, "message": message,
+               "lastTransitionTime": now or now_rfc3339()}
+        if generation is not None:
+            new["observedGeneration"] = generation
+        out.append(new)
+    return out

@@ -1,0 +1,1 @@
+"""The consumer's client identity on a provider: keys, CSRs, the peering-token proof, kubeconfigs."""

@@ -1,0 +1,340 @@
+"""Free capacity and grant decisions for GPUSlices. Pure: raw objects in, decisions out.
+
+One pass decides every slice of the provider together (:func:`allocate`), in a fixed order
+(slices that already hold a grant for their current spec first, then the oldest, then namespace
+and name), so that two tenants competing for the same GPUs can never be granted more than
+exists: each slice only sees what the slices before it left. Grants are sticky: a newcomer never
+takes capacity from a slice granted before; only lost capacity (a node cordoned, drained,
+deleted, or taken by the provider's own pods) shrinks a grant — and changing a slice's spec
+puts it back in line behind the holders.
+
+A grant is a *reservation per node* (``shape.nodes``): a node's free capacity is its
+allocatable minus the requests of its non-terminated pods that are not twin pods (twin pods are
+charged to their tenant's grant, not a second time to the node) minus the reservations of the
+slices decided before. GPUs are placed first, node by node (nodes in name order); cpu, memory,
+pods and other resources follow in proportion on the same nodes, so that each node's block in
+``shape.nodes`` is usable on its own.
+
+A slice is granted in full, in part (only with ``allowPartial``, and only when every requested
+resource gets something), or denied with a reason (``NoMatchingNodes``, ``InsufficientGPUs``,
+``InsufficientResources``, ``ConsumerMismatch``, ``NotInTenantNamespace``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from typing import Any
+
+from kube.quantities import (
+    ResourceList,
+    format_resource_list,
+    is_byte_resource,
+    parse_resource_list,
+    pod_requests,
+)
+
+from ..resources import TENANT_NAMESPACE_PREFIX
+
+__all__ = [
+    "GPU",
+    "Decision",
+    "NodeFree",
+    "SliceRequest",
+    "allocate",
+    "free_capacity",
+    "node_is_usable",
+    "reservations_of",
+    "selector_matches",
+    "slice_request",
+    "slice_status",
+]
+
+GPU = "nvidia.com/gpu"
+_MILLI = Decimal("0.001")
+_GFD_PREFIX = "nvidia.com/"
+_TERMINAL = frozenset({"Succeeded", "Failed"})
+_GRANTED_PHASES = frozenset({"Granted", "PartiallyGranted"})
+_BLOCKING_TAINTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+@dataclass(frozen=True)
+class NodeFree:
+    """A usable provider node and what is free on it before any grant."""
+
+    name: str
+    labels: Mapping[str, str]
+    free: ResourceList
+
+
+@dataclass(frozen=True)
+class SliceRequest:
+    """What one GPUSlice asks for."""
+
+    namespace: str
+    name: str
+    consumer_id: str | None
+    resources: ResourceList
+    node_selector: Mapping[str, str]
+    allow_partial: bool
+    created: str = ""
+    holds_grant: bool = False
+    """Granted (in full or in part) for its current spec in an earlier pass."""
+
+    @property
+    def order(self) -> tuple[bool, str, str, str]:
+        """Slices holding a grant first (a newcomer never takes capacity from them), then the
+        oldest (creationTimestamp has second precision: namespace and name break ties)."""
+        return (not self.holds_grant, self.created, self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The provider's answer to one slice."""
+
+    phase: str  # Granted | PartiallyGranted | Denied
+    reason: str
+    message: str
+    granted: ResourceList = field(default_factory=dict)
+    nodes: Mapping[str, ResourceList] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def largest(self) -> ResourceList:
+        """Per resource, the most granted on one node (the largest block a pod can use)."""
+        out: ResourceList = {}
+        for free in self.nodes.values():
+            for res, amount in free.items():
+                if amount > out.get(res, Decimal(0)):
+                    out[res] = amount
+        return out
+
+
+def node_is_usable(node: Mapping[str, Any]) -> bool:
+    """Ready, not cordoned, not being deleted, and without NoSchedule/NoExecute taints."""
+    md = node.get("metadata") or {}
+    spec = node.get("spec") or {}
+    if md.get("deletionTimestamp") or spec.get("unschedulable"):
+        return False
+    if any(t.get("effect") in _BLOCKING_TAINTS for t in spec.get("taints") or ()):
+        return False
+    ready = [c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == "Ready"]
+    return bool(ready) and ready[0].get("status") == "True"
+
+
+def selector_matches(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _add_to(acc: ResourceList, amounts: Mapping[str, Decimal]) -> None:
+    for res, amount in amounts.items():
+        acc[res] = acc.get(res, Decimal(0)) + amount
+
+
+def free_capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                  twin_namespaces: Mapping[str, str] | frozenset[str] = frozenset(),
+                  reservations: Mapping[str, Mapping[str, ResourceList]] | None = None) -> list[NodeFree]:
+    """Usable nodes with allocatable minus the requests of their non-terminated pods.
+
+    Pods of twin namespaces (``twin_namespaces``: namespace → consumer ID) are charged to their
+    tenant's grant: on a node, only what they use beyond the tenant's reservation there
+    (``reservations``: consumer ID → node → resources, from the grants in force) counts against
+    the node. A consumer that places twin pods outside its grant's nodes thus makes those nodes
+    less free for everyone else, and the pool never hands out what is really occupied.
+    """
+    tenants = twin_namespaces if isinstance(twin_namespaces, Mapping) else dict.fromkeys(twin_namespaces, "")
+    used: dict[str, ResourceList] = {}
+    twin_use: dict[tuple[str, str], ResourceList] = {}
+    for pod in pods:
+        md = pod.get("metadata") or {}
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name or (pod.get("status") or {}).get("phase") in _TERMINAL:
+            continue
+        requests = {**pod_requests(pod), "pods": Decimal(1)}
+        namespace = str(md.get("namespace") or "")
+        if namespace in tenants:
+            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), requests)
+        else:
+            _add_to(used.setdefault(node_name, {}), requests)
+    for (tenant, node_name), amounts in twin_use.items():
+        reserved = ((reservations or {}).get(tenant) or {}).get(node_name) or {}
+        beyond = {res: amount - reserved.get(res, Decimal(0)) for res, amount in amounts.items()}
+        _add_to(used.setdefault(node_name, {}), {res: v for res, v in beyond.items() if v > 0})
+    out: list[NodeFree] = []
+    for node in nodes:
+        if not node_is_usable(node):
+            continue
+        md = node.get("metadata") or {}
+        alloc = parse_resource_list((node.get("status") or {}).get("allocatable"))
+        taken = used.get(md["name"], {})
+        free = {res: max(amount - taken.get(res, Decimal(0)), Decimal(0)) for res, amount in alloc.items()}
+        out.append(NodeFree(md["name"], dict(md.get("labels") or {}), free))
+    return sorted(out, key=lambda n: n.name)
+
+
+def reservations_of(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, ResourceList]]:
+    """Consumer ID → node → resources reserved there by the grants in force (``shape.nodes``)."""
+    out: dict[str, dict[str, ResourceList]] = {}
+    for obj in slices:
+        ns = str((obj.get("metadata") or {}).get("namespace") or "")
+        status = obj.get("status") or {}
+        if not ns.startswith(TENANT_NAMESPACE_PREFIX) or status.get("phase") not in _GRANTED_PHASES:
+            continue
+        tenant = out.setdefault(ns.removeprefix(TENANT_NAMESPACE_PREFIX), {})
+        for entry in (status.get("shape") or {}).get("nodes") or ():
+            _add_to(tenant.setdefault(str(entry["name"]), {}), parse_resource_list(entry.get("free")))
+    return out
+
+
+def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
+    """The request of a raw GPUSlice (ValueError for quantities the schema should have refused)."""
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    holds = status.get("phase") in {"Granted", "PartiallyGranted"} \
+        and status.get("observedGeneration") == md.get("generation")
+    return SliceRequest(
+        namespace=str(md.get("namespace") or ""),
+        name=str(md["name"]),
+        consumer_id=spec.get("consumerClusterID"),
+        resources={k: v for k, v in parse_resource_list(spec.get("resources")).items() if v > 0},
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        allow_partial=bool(spec.get("allowPartial")),
+        created=str(md.get("creationTimestamp") or ""),
+        holds_grant=bool(holds),
+    )
+
+
+def _uniform_labels(nodes: Sequence[NodeFree]) -> dict[str, str]:
+    if not nodes:
+        return {}
+    first = {k: v for k, v in nodes[0].labels.items() if k.startswith(_GFD_PREFIX)}
+    return {k: v for k, v in first.items() if all(n.labels.get(k) == v for n in nodes[1:])}
+
+
+def _shortfall_reason(short: Sequence[str]) -> str:
+    return "InsufficientGPUs" if GPU in short else "InsufficientResources"
+
+
+def _unit(resource: str, amount: Decimal) -> Decimal:
+    if resource == "cpu":
+        return _MILLI
+    if resource == "pods" or is_byte_resource(resource) or amount == amount.to_integral_value():
+        return Decimal(1)
+    return _MILLI
+
+
+def _round(value: Decimal, unit: Decimal, rounding: str) -> Decimal:
+    return (value / unit).to_integral_value(rounding=rounding) * unit
+
+
+def _take(res: str, need: Decimal, order: Sequence[NodeFree], remaining: dict[str, ResourceList],
+          taken: dict[str, ResourceList], caps: Mapping[str, Decimal] | None = None) -> Decimal:
+    """Take up to ``need`` of ``res`` from the nodes in ``order`` (at most ``caps[node]`` from
+    each when given); returns what was taken."""
+    got = Decimal(0)
+    for node in order:
+        if got >= need:
+            break
+        have = taken.setdefault(node.name, {}).get(res, Decimal(0))
+        avail = remaining[node.name].get(res, Decimal(0)) - have
+        if caps is not None:
+            avail = min(avail, caps.get(node.name, Decimal(0)) - have)
+        take = min(need - got, avail)
+        if take > 0:
+            taken[node.name][res] = have + take
+            got += take
+    return got
+
+
+def _spread(want: Mapping[str, Decimal], matching: Sequence[NodeFree], remaining: dict[str, ResourceList],
+            taken: dict[str, ResourceList]) -> ResourceList:
+    """Place the request on nodes; returns the amounts placed (``taken`` gets them per node).
+
+    GPUs lead: they are taken node by node, then every other resource follows in proportion
+    to the GPUs placed on each node (scaled down with them when the GPUs are short), so that a
+    node's block is usable — GPUs with the CPU, memory and pod slots to run them. What cannot
+    be placed beside the GPUs is taken from the other matching nodes."""
+    granted: ResourceList = {}
+    if GPU not in want:
+        for res, need in sorted(want.items()):
+            granted[res] = _take(res, need, matching, remaining, taken)
+    else:
+        gpus = granted[GPU] = _take(GPU, want[GPU], matching, remaining, taken)
+        with_gpus = [n for n in matching if taken.get(n.name, {}).get(GPU, Decimal(0)) > 0]
+        others = [n for n in matching if n not in with_gpus]
+        scale = gpus / want[GPU]
+        for res, need in sorted(want.items()):
+            if res == GPU:
+                continue
+            unit = _unit(res, need)
+            target = min(need, _round(need * scale, unit, ROUND_CEILING))
+            caps = {n.name: _round(target * taken[n.name][GPU] / gpus, unit, ROUND_FLOOR) for n in with_gpus}
+            got = _take(res, target, with_gpus, remaining, taken, caps) if gpus else Decimal(0)
+            got += _take(res, target - got, [*with_gpus, *others], remaining, taken)
+            granted[res] = got
+    for node_name in [n for n, amounts in taken.items() if not any(amounts.values())]:
+        del taken[node_name]
+    for amounts in taken.values():
+        for res in [r for r, v in amounts.items() if not v]:
+            del amounts[res]
+    return granted
+
+
+def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
+            nodes: Sequence[NodeFree]) -> Decision:
+    expected_prefix = TENANT_NAMESPACE_PREFIX
+    if not req.namespace.startswith(expected_prefix):
+        return Decision("Denied", "NotInTenantNamespace",
+                        f"GPUSlices are decided only in tenant namespaces ({expected_prefix}<consumer-id>)")
+    tenant_id = req.namespace.removeprefix(expected_prefix)
+    if req.consumer_id and req.consumer_id != tenant_id:
+        return Decision("Denied", "ConsumerMismatch",
+                        f"spec.consumerClusterID {req.consumer_id!r} is not this namespace's "
+                        f"consumer {tenant_id!r}")
+    matching = [n for n in nodes if selector_matches(req.node_selector, n.labels)]
+    if not matching:
+        return Decision("Denied", "NoMatchingNodes",
+                        f"no schedulable node matches nodeSelector {dict(req.node_selector)}")
+    taken: dict[str, ResourceList] = {}
+    granted = _spread(req.resources, matching, remaining, taken)
+    short = sorted(r for r, need in req.resources.items() if granted[r] < need)
+    if short:
+        detail = ", ".join(f"{r}: requested {format_resource_list({r: req.resources[r]})[r]}, "
+                           f"free {format_resource_list({r: granted[r]})[r]}" for r in short)
+        where = f"on nodes matching {dict(req.node_selector)}" if req.node_selector else "on this provider"
+        reason = _shortfall_reason(short)
+        if not req.allow_partial or any(granted[r] == 0 for r in req.resources):
+            return Decision("Denied", reason, f"not enough free {where} ({detail})")
+        phase, message = "PartiallyGranted", f"granted in part {where} ({detail})"
+    else:
+        phase, reason, message = "Granted", "Granted", "granted in full"
+    for node_name, amounts in taken.items():
+        for res, amount in amounts.items():
+            remaining[node_name][res] -= amount
+    used_nodes = [n for n in matching if n.name in taken]
+    return Decision(phase, reason, message, granted, taken, _uniform_labels(used_nodes))
+
+
+def allocate(nodes: Sequence[NodeFree], requests: Iterable[SliceRequest]) -> dict[tuple[str, str], Decision]:
+    """Decide every slice, oldest first; the sum of all grants never exceeds what is free."""
+    remaining = {n.name: dict(n.free) for n in nodes}
+    ordered = sorted(requests, key=lambda r: r.order)
+    return {(r.namespace, r.name): _decide(r, remaining, nodes) for r in ordered}
+
+
+def slice_status(decision: Decision) -> dict[str, Any]:
+    """The GPUSlice ``status`` fields for a decision (without conditions)."""
+    return {
+        "phase": decision.phase,
+        "reason": decision.reason,
+        "message": decision.message,
+        "granted": format_resource_list(decision.granted),
+        "shape": {
+            "largest": format_resource_list(decision.largest),
+            "nodes": [{"name": name, "free": format_resource_list(free)}
+                      for name, free in sorted(decision.nodes.items())],
+        },
+        "labels": dict(decision.labels),
+    }

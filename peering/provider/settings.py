@@ -1,0 +1,35 @@
+"""Settings of the provider controller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kube.settings import QueueSettings, WatchSettings
+
+__all__ = ["ProviderSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProviderSettings:
+    """Everything the provider controller is configured with (read from argv/env in ``__main__``)."""
+
+    field_manager: str = "gpuferry-provider"
+    """Server-side apply field manager of everything the controller writes."""
+    certificate_seconds: int = 30 * 24 * 3600
+    """Requested lifetime of issued client certificates (the signer may cap it)."""
+    resync_seconds: float = 300.0
+    """Every Tenant and the GPU pool are reconciled again after this long, changes or not."""
+    quota_sync_retry: float = 0.5
+    """How soon to look again while the quota controller has not synced a lowered quota."""
+    lease_namespace: str = "gpuferry-system"
+    """Namespace of the leader-election Lease (created when missing)."""
+    lease_name: str = "gpuferry-provider"
+    """Only the controller holding this Lease reconciles."""
+    lease_seconds: int = 15
+    """A Lease not renewed for this long may be taken over."""
+    renew_seconds: float = 5.0
+    """How often the leader renews the Lease."""
+    queue: QueueSettings = field(default_factory=lambda: QueueSettings(workers=4))
+    """Work queues (workers per queue, backoff)."""
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    """Watches (timeouts, backoff)."""

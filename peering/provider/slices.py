@@ -1,0 +1,145 @@
+"""The GPU pool: one serialized decision pass over every GPUSlice of the provider.
+
+All grant decisions happen in one place, on one queue key (:data:`POOL`), so they are
+serialized: two tenants competing for the same GPUs are decided in the same pass, oldest slice
+first (:func:`peering.provider.planning.allocate`). Any change to nodes (cordoned, drained,
+deleted, added), to non-twin pods, or to a slice's spec queues the pass again; statuses that
+did not change are not written.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.errors import Conflict, KubeError, NotFound
+from kube.logs import object_logger
+from kube.metrics import gauge
+from kube.objects import ObjectKey, RawObject, labels, meta
+from kube.patching import patch_changes
+from kube.quantities import add
+from kube.reconciling import Requeue
+
+from ..conditions import set_condition
+from ..resources import GPUSLICES, LABEL_TENANT
+from .cache import Cache
+from .events import record_event
+from .planning import Decision, allocate, free_capacity, reservations_of, slice_request, slice_status
+from .settings import ProviderSettings
+
+__all__ = ["POOL", "PoolReconciler", "project_node", "project_pod"]
+
+logger = logging.getLogger(__name__)
+
+POOL = "pool"
+
+_GRANTED = gauge("gpu_pool_granted", "Resources granted to consumers over all GPUSlices, by resource.",
+                 ["resource"])
+_FREE = gauge("gpu_pool_free", "Resources free on usable provider nodes before grants, by resource.",
+              ["resource"])
+
+
+def project_node(node: RawObject) -> RawObject:
+    md, spec, status = meta(node), node.get("spec") or {}, node.get("status") or {}
+    return {
+        "metadata": {k: md[k] for k in ("name", "labels", "deletionTimestamp") if k in md},
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {"allocatable": status.get("allocatable") or {},
+                   "conditions": [{"type": c.get("type"), "status": c.get("status")}
+                                  for c in status.get("conditions") or ()]},
+    }
+
+
+def _containers(items: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [{k: c[k] for k in ("resources", "restartPolicy") if k in c} for c in items or ()]
+
+
+def project_pod(pod: RawObject) -> RawObject:
+    md, spec = meta(pod), pod.get("spec") or {}
+    return {
+        "metadata": {"name": md.get("name"), "namespace": md.get("namespace")},
+        "spec": {"nodeName": spec.get("nodeName"), "containers": _containers(spec.get("containers")),
+                 "initContainers": _containers(spec.get("initContainers")),
+                 **{k: spec[k] for k in ("overhead", "resources") if k in spec}},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
+
+
+class PoolReconciler:
+    """Decides all slices from the caches and writes the statuses that changed."""
+
+    def __init__(self, client: KubeClient, *, nodes: Cache, pods: Cache, slices: Cache, twins: Cache,
+                 settings: ProviderSettings) -> None:
+        self.client = client
+        self.nodes, self.pods, self.slices, self.twins = nodes, pods, slices, twins
+        self.settings = settings
+
+    async def reconcile(self, key: str) -> Requeue | None:
+        for cache in (self.nodes, self.pods, self.slices, self.twins):
+            await cache.synced.wait()
+        twin_tenants = {meta(ns)["name"]: labels(ns).get(LABEL_TENANT, "") for ns in self.twins.values()}
+        slices = {ObjectKey.of(s): s for s in self.slices.values() if not meta(s).get("deletionTimestamp")}
+        free = free_capacity(self.nodes.values(), self.pods.values(), twin_tenants,
+                             reservations_of(slices.values()))
+        requests = []
+        for skey, obj in slices.items():
+            try:
+                requests.append(slice_request(obj))
+            except ValueError as exc:
+                object_logger(logger, "GPUSlice", skey).error("invalid request: %s", exc)
+        decisions = allocate(free, requests)
+        for (ns, name), decision in decisions.items():
+            await self._write(slices[ObjectKey(ns, name)], decision)
+        _publish(_FREE, add(*(n.free for n in free)))
+        _publish(_GRANTED, add(*(d.granted for d in decisions.values())))
+        return Requeue(self.settings.resync_seconds)
+
+    async def _write(self, obj: RawObject, decision: Decision) -> None:
+        old_status = obj.get("status") or {}
+        status: dict[str, Any] = {**old_status, **slice_status(decision)}
+        generation = meta(obj).get("generation")
+        status["observedGeneration"] = generation or 0
+        accepted = decision.phase != "Denied"
+        conditions = set_condition(old_status.get("conditions"), "Accepted", accepted, decision.reason,
+                                   decision.message, generation=generation)
+        status["conditions"] = set_condition(conditions, "Denied", not accepted, decision.reason,
+                                             decision.message, generation=generation)
+        if _same(old_status, status):
+            return
+        log = object_logger(logger, "GPUSlice", ObjectKey.of(obj))
+        try:
+            # guarded: a decision made from a stale cached copy fails with Conflict (the pass is
+            # retried once the cache caught up) instead of being written, and announced, twice
+            written = await patch_changes(self.client, GPUSLICES, obj, {**obj, "status": status},
+                                          subresource="status", guard=True)
+        except NotFound:
+            return
+        except KubeError as exc:
+            if exc.temporary or isinstance(exc, Conflict):
+                raise  # the whole pass is retried
+            # one bad status must not stop the decisions of the other slices
+            log.error("cannot write the decision (%s, permanent): %s", decision.phase, exc)
+            return
+        self.slices.objects[ObjectKey.of(written)] = written
+        log.info("%s: %s (granted %s)", decision.phase, decision.message, status["granted"] or "nothing")
+        if (old_status.get("phase"), old_status.get("granted")) != (decision.phase, status["granted"]):
+            granted = ", ".join(f"{k}={v}" for k, v in status["granted"].items()) or "nothing"
+            await record_event(self.client, obj, decision.reason,
+                               f"{decision.phase}: {granted}; {decision.message}",
+                               "Warning" if decision.phase == "Denied" else "Normal")
+
+
+def _publish(family: Any, amounts: dict[str, Any]) -> None:
+    for res in ("nvidia.com/gpu", "cpu", "memory", "pods"):
+        family.labels(res).set(float(amounts.get(res, 0)))
+
+
+def _same(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    def strip(status: dict[str, Any]) -> dict[str, Any]:
+        out = dict(status)
+        out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                             for c in status.get("conditions") or ()]
+        return out
+
+    return strip(old) == strip(new)

@@ -1,0 +1,118 @@
+"""Undoing a peering on both sides: the provider's tenant and everything issued to it, the
+consumer's identity Secret."""
+
+from __future__ import annotations
+
+import contextlib
+
+from kube.clients import KubeClient
+from kube.errors import Conflict, NotFound
+from kube.objects import (
+    CONFIGMAPS,
+    CSRS,
+    ENDPOINTSLICES,
+    NAMESPACES,
+    PODS,
+    SECRETS,
+    SERVICES,
+    RawObject,
+    Resource,
+    meta,
+)
+
+from .provider.tenants import FINALIZER, revoke
+from .resources import (
+    CONSUMER_NAMESPACE,
+    GPUSLICES,
+    LABEL_ORIGIN_NAMESPACE,
+    LABEL_TENANT,
+    NAMESPACEOFFLOADINGS,
+    TENANTS,
+    identity_secret_name,
+    tenant_namespace,
+)
+from .waits import Progress, quiet, wait_gone
+
+__all__ = ["teardown"]
+
+# what a consumer can write in a twin namespace (and so put finalizers on)
+_TWIN_KINDS = (PODS, CONFIGMAPS, SECRETS, SERVICES, ENDPOINTSLICES)
+
+
+async def teardown(
+    consumer: KubeClient,
+    provider: KubeClient,
+    *,
+    consumer_id: str,
+    provider_id: str,
+    namespace: str = CONSUMER_NAMESPACE,
+    timeout: float = 120.0,
+    progress: Progress = quiet,
+) -> list[str]:
+    """Remove everything peering made on both sides; returns what was removed. Idempotent.
+
+    The Tenant is deleted first: the provider controller's finalizer revokes its RBAC, twin
+    namespaces and CSRs. The same revocation is also done here (so teardown completes when the
+    controller is not running), then the tenant namespace and the consumer's identity Secret go.
+    """
+    removed: list[str] = []
+    ns = tenant_namespace(consumer_id)
+    try:
+        await provider.delete(TENANTS, consumer_id, ns)
+        removed.append(f"provider: tenant {ns}/{consumer_id}")
+    except NotFound:
+        pass
+    for item in await revoke(provider, consumer_id):
+        removed.append(f"provider: {item}")
+    # finalizers are only there for the controller; what they guard has just been done. Any other
+    # finalizer on the consumer's objects (it may write its own) would keep the namespaces forever.
+    with contextlib.suppress(NotFound):
+        await _drop_finalizer(provider, TENANTS, await provider.get(TENANTS, consumer_id, ns), FINALIZER)
+    twins = [meta(n)["name"] for n in (await provider.list(
+        NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id},{LABEL_ORIGIN_NAMESPACE}"))["items"]]
+    await _drop_all_finalizers(provider, ns, (GPUSLICES, NAMESPACEOFFLOADINGS))
+    for twin in twins:
+        await _drop_all_finalizers(provider, twin, _TWIN_KINDS)
+    try:
+        await provider.delete(NAMESPACES, ns)
+        removed.append(f"provider: namespace/{ns}")
+    except NotFound:
+        pass
+    for csr in (await provider.list(CSRS, label_selector=f"{LABEL_TENANT}={consumer_id}"))["items"]:
+        with contextlib.suppress(NotFound):
+            await provider.delete(CSRS, meta(csr)["name"])
+            removed.append(f"provider: csr/{meta(csr)['name']}")
+    try:
+        await consumer.delete(SECRETS, identity_secret_name(provider_id), namespace)
+        removed.append(f"consumer: secret/{namespace}/{identity_secret_name(provider_id)}")
+    except NotFound:
+        pass
+    for what in removed:
+        progress(f"removed {what}")
+    for name in [*twins, ns]:
+        await wait_gone(provider, NAMESPACES, name, None, timeout)
+    return removed
+
+
+async def _drop_all_finalizers(client: KubeClient, namespace: str, resources: tuple[Resource, ...]) -> None:
+    for resource in resources:
+        try:
+            items = (await client.list(resource, namespace))["items"]
+        except NotFound:
+            continue
+        for obj in items:
+            for finalizer in list(meta(obj).get("finalizers") or []):
+                await _drop_finalizer(client, resource, obj, finalizer)
+                with contextlib.suppress(NotFound):
+                    obj = await client.get(resource, meta(obj)["name"], namespace)
+
+
+async def _drop_finalizer(client: KubeClient, resource: Resource, obj: RawObject, finalizer: str) -> None:
+    md = meta(obj)
+    finalizers = md.get("finalizers") or []
+    if finalizer not in finalizers:
+        return
+    with contextlib.suppress(Conflict, NotFound):
+        await client.patch(resource, md["name"], {"metadata": {
+            "finalizers": [f for f in finalizers if f != finalizer],
+            "resourceVersion": md["resourceVersion"]}}, md.get("namespace"))

@@ -1,0 +1,73 @@
+"""Waiting for peering objects through watches, and the one error the peering steps raise."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from kube.clients import KubeClient
+from kube.objects import RawObject, Resource
+from kube.watching import Listed, watch_objects
+
+__all__ = ["PeeringError", "Progress", "quiet", "wait_gone", "wait_until"]
+
+Progress = Callable[[str], None]
+"""Called with one line per step done (the CLI prints them)."""
+
+
+class PeeringError(Exception):
+    """A peering step cannot complete; the message is one line for the user."""
+
+
+def quiet(_: str) -> None:
+    """A :data:`Progress` that says nothing."""
+    pass
+
+
+async def wait_until(client: KubeClient, resource: Resource, name: str, namespace: str | None,
+                     check: Callable[[RawObject], str | None], timeout: float, what: str) -> RawObject:
+    """Watch ``name`` until ``check`` returns "" (done) or a non-empty failure message."""
+    last: RawObject | None = None
+
+    async def watch() -> RawObject:
+        nonlocal last
+        async for item in watch_objects(client, resource, namespace=namespace,
+                                        field_selector=f"metadata.name={name}"):
+            if isinstance(item, Listed) or item.type == "DELETED":
+                continue
+            last = item.object
+            verdict = check(item.object)
+            if verdict == "":
+                return item.object
+            if verdict:
+                raise PeeringError(verdict)
+        raise PeeringError(f"watching {what} ended")
+
+    try:
+        return await asyncio.wait_for(watch(), timeout)
+    except TimeoutError:
+        if last is None:
+            detail: object = "it was never seen"
+        else:
+            detail = last.get("status") or "it has no status yet: is the provider controller running?"
+        raise PeeringError(f"{what} not ready after {timeout:.0f}s: {detail}") from None
+
+
+async def wait_gone(client: KubeClient, resource: Resource, name: str, namespace: str | None,
+                    timeout: float) -> None:
+    """Until ``name`` no longer exists; PeeringError after ``timeout`` seconds."""
+
+    async def watch() -> None:
+        async for item in watch_objects(client, resource, namespace=namespace,
+                                        field_selector=f"metadata.name={name}"):
+            if isinstance(item, Listed):
+                if not item.keys:
+                    return
+            elif item.type == "DELETED":
+                return
+
+    try:
+        await asyncio.wait_for(watch(), timeout)
+    except TimeoutError:
+        raise PeeringError(f"{resource.kind} {namespace + '/' if namespace else ''}{name} "
+                           f"still there after {timeout:.0f}s") from None

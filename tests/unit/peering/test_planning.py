@@ -1,0 +1,209 @@
+"""Grant decisions: capacity, full/partial/denied, competition, cordoned nodes, shape, labels."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from peering.provider.planning import allocate, free_capacity, node_is_usable, slice_request, slice_status
+
+L4 = {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.memory": "23034"}
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100", "nvidia.com/gpu.memory": "81559"}
+
+
+def node(name: str, gpus: int, labels: dict[str, str], *, ready: bool = True, unschedulable: bool = False,
+         taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {**labels, "nvidia.com/gpu.count": str(gpus)}},
+        "spec": {"unschedulable": unschedulable, "taints": taints or []},
+        "status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110",
+                                   "nvidia.com/gpu": str(gpus)},
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def pod(ns: str, node_name: str, gpus: int, phase: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"name": f"p-{node_name}-{gpus}", "namespace": ns},
+            "spec": {"nodeName": node_name, "containers": [
+                {"resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"cpu": "1"}}}]},
+            "status": {"phase": phase}}
+
+
+def gslice(consumer: str, name: str, resources: dict[str, Any], *, partial: bool = False,
+           selector: dict[str, str] | None = None, created: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": f"gpuferry-tenant-{consumer}",
+                         "creationTimestamp": created},
+            "spec": {"consumerClusterID": consumer, "resources": resources, "allowPartial": partial,
+                     "nodeSelector": selector or {}}}
+
+
+NODES = [node("l4-0", 2, L4), node("l4-1", 2, L4), node("h100-0", 8, H100)]
+
+
+def decide(nodes: list[dict[str, Any]], slices: list[dict[str, Any]], pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
+           twins: frozenset[str] = frozenset()) -> dict[tuple[str, str], Any]:
+    return allocate(free_capacity(nodes, pods, twins), [slice_request(s) for s in slices])
+
+
+def test_full_grant_with_shape_and_uniform_labels() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 3}, selector=sel)])
+    got = d[("gpuferry-tenant-a", "s")]
+    assert got.phase == "Granted"
+    assert got.granted == {"nvidia.com/gpu": Decimal(3)}
+    assert got.nodes == {"l4-0": {"nvidia.com/gpu": Decimal(2)}, "l4-1": {"nvidia.com/gpu": Decimal(1)}}
+    assert got.largest == {"nvidia.com/gpu": Decimal(2)}
+    assert got.labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert "nvidia.com/gpu.count" in got.labels  # both L4 nodes have 2
+    status = slice_status(got)
+    assert status["granted"] == {"nvidia.com/gpu": "3"}
+    assert status["shape"]["nodes"] == [{"name": "l4-0", "free": {"nvidia.com/gpu": "2"}},
+                                        {"name": "l4-1", "free": {"nvidia.com/gpu": "1"}}]
+
+
+def test_labels_that_differ_are_not_copied() -> None:
+    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 12})])
+    got = d[("gpuferry-tenant-a", "s")]
+    assert got.phase == "Granted"
+    assert "nvidia.com/gpu.product" not in got.labels
+
+
+def test_partial_grant_only_when_allowed() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 10}, partial=True, selector=sel),
+                       gslice("b", "s", {"nvidia.com/gpu": 10}, selector=sel,
+                              created="2026-01-02T00:00:00Z")])
+    a, b = d[("gpuferry-tenant-a", "s")], d[("gpuferry-tenant-b", "s")]
+    assert a.phase == "PartiallyGranted" and a.granted == {"nvidia.com/gpu": Decimal(4)}
+    assert b.phase == "Denied" and b.reason == "InsufficientGPUs" and b.granted == {}
+    assert "requested 10, free 0" in b.message
+
+
+def test_denied_without_partial_reserves_nothing() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    d = decide(NODES, [gslice("a", "big", {"nvidia.com/gpu": 5}, selector=sel),
+                       gslice("b", "s", {"nvidia.com/gpu": 4}, selector=sel, created="2026-01-02T00:00:00Z")])
+    assert d[("gpuferry-tenant-a", "big")].phase == "Denied"
+    assert "requested 5, free 4" in d[("gpuferry-tenant-a", "big")].message
+    assert d[("gpuferry-tenant-b", "s")].phase == "Granted"
+
+
+def test_competing_tenants_never_exceed_capacity() -> None:
+    slices = [gslice(c, "s", {"nvidia.com/gpu": 3}, partial=True, created=f"2026-01-0{i + 1}T00:00:00Z")
+              for i, c in enumerate(["a", "b", "c", "d", "e"])]
+    d = decide(NODES, slices)
+    total = sum((x.granted.get("nvidia.com/gpu", Decimal(0)) for x in d.values()), Decimal(0))
+    assert total == 12
+    assert [d[(f"gpuferry-tenant-{c}", "s")].phase for c in "abcde"] == [
+        "Granted", "Granted", "Granted", "Granted", "Denied"]
+    per_node: dict[str, Decimal] = {}
+    for x in d.values():
+        for n, r in x.nodes.items():
+            per_node[n] = per_node.get(n, Decimal(0)) + r["nvidia.com/gpu"]
+    assert per_node == {"l4-0": 2, "l4-1": 2, "h100-0": 8}
+
+
+def test_running_pods_count_but_twin_and_finished_pods_do_not() -> None:
+    pods = [pod("team", "l4-0", 1), pod("team", "l4-1", 2, phase="Succeeded"), pod("twin-a", "l4-1", 2)]
+    reserved = {"a": {"l4-1": {"nvidia.com/gpu": Decimal(2)}}}
+    free = {n.name: n.free["nvidia.com/gpu"] for n in free_capacity(NODES, pods, {"twin-a": "a"}, reserved)}
+    assert free == {"h100-0": 8, "l4-0": 1, "l4-1": 2}
+
+
+def test_cordoned_tainted_and_unready_nodes_are_not_used() -> None:
+    nodes = [node("l4-0", 2, L4, unschedulable=True), node("l4-1", 2, L4, ready=False),
+             node("l4-2", 2, L4, taints=[{"key": "x", "effect": "NoSchedule"}]),
+             node("l4-3", 2, L4, taints=[{"key": "y", "effect": "PreferNoSchedule"}])]
+    assert [node_is_usable(n) for n in nodes] == [False, False, False, True]
+    d = decide(nodes, [gslice("a", "s", {"nvidia.com/gpu": 4}, partial=True)])
+    assert d[("gpuferry-tenant-a", "s")].granted == {"nvidia.com/gpu": Decimal(2)}
+
+
+def test_no_matching_nodes_and_wrong_tenant() -> None:
+    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 1}, selector={"nvidia.com/gpu.product": "B200"})])
+    assert d[("gpuferry-tenant-a", "s")].reason == "NoMatchingNodes"
+    other = gslice("a", "t", {"nvidia.com/gpu": 1})
+    other["spec"]["consumerClusterID"] = "b"
+    outside = gslice("a", "u", {"nvidia.com/gpu": 1})
+    outside["metadata"]["namespace"] = "default"
+    d = decide(NODES, [other, outside])
+    assert d[("gpuferry-tenant-a", "t")].reason == "ConsumerMismatch"
+    assert d[("default", "u")].reason == "NotInTenantNamespace"
+
+
+def test_partial_needs_something_of_every_resource() -> None:
+    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 2, "example.com/fpga": 1}, partial=True)])
+    got = d[("gpuferry-tenant-a", "s")]
+    assert got.phase == "Denied" and got.reason == "InsufficientResources"
+
+
+def test_cpu_memory_and_pods_are_granted_exactly() -> None:
+    d = decide([node("l4-0", 2, L4)], [gslice("a", "s", {"cpu": "1500m", "memory": "1Gi", "pods": 10})])
+    got = d[("gpuferry-tenant-a", "s")]
+    assert slice_status(got)["granted"] == {"cpu": "1500m", "memory": "1Gi", "pods": "10"}
+
+
+def test_cpu_memory_and_pods_follow_the_gpus_node_by_node() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    want = {"nvidia.com/gpu": 4, "cpu": "16", "memory": "64Gi", "pods": 20}
+    got = decide(NODES, [gslice("a", "s", want, selector=sel)])[("gpuferry-tenant-a", "s")]
+    assert got.phase == "Granted"
+    blocks = {n: {k: str(v) for k, v in r.items()} for n, r in got.nodes.items()}
+    assert slice_status(got)["shape"]["nodes"] == [
+        {"name": "l4-0", "free": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2", "pods": "10"}},
+        {"name": "l4-1", "free": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2", "pods": "10"}},
+    ], blocks
+
+
+def test_partial_gpus_scale_the_rest_down() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    want = {"nvidia.com/gpu": 8, "cpu": "64", "pods": 3}
+    got = decide(NODES, [gslice("a", "s", want, selector=sel, partial=True)])[("gpuferry-tenant-a", "s")]
+    assert got.phase == "PartiallyGranted"
+    assert slice_status(got)["granted"] == {"cpu": "32", "nvidia.com/gpu": "4", "pods": "2"}
+
+
+def test_what_does_not_fit_beside_the_gpus_comes_from_other_nodes() -> None:
+    nodes = [node("l4-0", 2, L4), node("l4-1", 2, L4)]
+    want = {"nvidia.com/gpu": 2, "cpu": "40"}  # 32 cpu per node
+    got = decide(nodes, [gslice("a", "s", want)])[("gpuferry-tenant-a", "s")]
+    assert got.phase == "Granted"
+    assert slice_status(got)["shape"]["nodes"] == [
+        {"name": "l4-0", "free": {"cpu": "32", "nvidia.com/gpu": "2"}},
+        {"name": "l4-1", "free": {"cpu": "8"}},
+    ]
+
+
+def test_grants_are_sticky_against_newcomers() -> None:
+    sel = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    holder = gslice("b", "s", {"nvidia.com/gpu": 4}, selector=sel, partial=True,
+                    created="2026-01-02T00:00:00Z")
+    holder["metadata"]["generation"] = 3
+    holder["status"] = {"phase": "PartiallyGranted", "observedGeneration": 3}
+    newcomer = gslice("a", "s", {"nvidia.com/gpu": 1}, selector=sel, created="2026-01-02T00:00:00Z")
+    d = decide(NODES, [newcomer, holder])
+    assert d[("gpuferry-tenant-b", "s")].granted == {"nvidia.com/gpu": Decimal(4)}
+    assert d[("gpuferry-tenant-a", "s")].phase == "Denied"
+    # a holder whose spec changed since its grant queues again behind the others
+    holder["metadata"]["generation"] = 4
+    d = decide(NODES, [newcomer, holder])
+    assert d[("gpuferry-tenant-a", "s")].phase == "Granted"
+    assert d[("gpuferry-tenant-b", "s")].granted == {"nvidia.com/gpu": Decimal(3)}
+
+
+def test_twin_pods_beyond_their_reservation_occupy_the_node() -> None:
+    from peering.provider.planning import reservations_of
+
+    held = gslice("a", "s", {"nvidia.com/gpu": 2})
+    held["status"] = {"phase": "Granted",
+                      "shape": {"nodes": [{"name": "l4-0", "free": {"nvidia.com/gpu": "2"}}]}}
+    denied = gslice("b", "s", {"nvidia.com/gpu": 2})
+    denied["status"] = {"phase": "Denied",
+                        "shape": {"nodes": [{"name": "l4-1", "free": {"nvidia.com/gpu": "2"}}]}}
+    reservations = reservations_of([held, denied])
+    assert reservations == {"a": {"l4-0": {"nvidia.com/gpu": Decimal(2)}}}
+    pods = [pod("ml-a", "l4-0", 1), pod("ml-a", "l4-1", 2), pod("serve-a", "l4-0", 1)]
+    free = {n.name: n.free["nvidia.com/gpu"]
+            for n in free_capacity(NODES, pods, {"ml-a": "a", "serve-a": "a"}, reservations)}
+    # within the reservation on l4-0 (1 + 1 of 2): not charged; on l4-1 it is all beyond
+    assert free == {"h100-0": 8, "l4-0": 2, "l4-1": 0}
