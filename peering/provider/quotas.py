@@ -62,9 +62,15 @@ def _split(total: Decimal, n: int, unit: Decimal) -> list[Decimal]:
 
 
 def partition(totals: Mapping[str, Decimal], namespaces: Sequence[str],
-              used: Mapping[str, Mapping[str, Decimal]]) -> dict[str, ResourceList]:
+              used: Mapping[str, Mapping[str, Decimal]],
+              demand: Mapping[str, Mapping[str, Decimal]] | None = None) -> dict[str, ResourceList]:
     """Hard limits per namespace for ``totals`` (see the module docstring). Namespaces are
-    shares in sorted order; the first ones get the remainder of an uneven split."""
+    shares in sorted order; the first ones get the remainder of an uneven split.
+
+    ``demand`` (per namespace, quota keys) is what pods waiting for room there need beyond the
+    namespace's usage, as the consumer's virtual kubelet reports it: it is served from the
+    headroom first (in sorted order), before the rest is shared equally — so a Job that needs
+    3 of a 4-GPU grant runs even when the tenant has two twin namespaces."""
     names = sorted(namespaces)
     out: dict[str, ResourceList] = {ns: {} for ns in names}
     if not names:
@@ -72,6 +78,11 @@ def partition(totals: Mapping[str, Decimal], namespaces: Sequence[str],
     for key, total in totals.items():
         shares = _split(max(total, Decimal(0)), len(names), _unit(key, total))
         usage = [max(used.get(ns, {}).get(key, Decimal(0)), Decimal(0)) for ns in names]
+        headroom = max(total - sum(usage, Decimal(0)), Decimal(0))
+        for i, ns in enumerate(names):
+            extra = min(max((demand or {}).get(ns, {}).get(key, Decimal(0)), Decimal(0)), headroom)
+            usage[i] += extra
+            headroom -= extra
         hard = [max(u, s) for u, s in zip(usage, shares, strict=True)]
         excess = sum(hard, Decimal(0)) - max(total, sum(usage, Decimal(0)))
         for i in reversed(range(len(names))):

@@ -19,6 +19,7 @@ namespaces itself. For each tenant namespace, one pass:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from decimal import Decimal
 from typing import Any
@@ -55,7 +56,7 @@ from .builders import (
     twin_role,
 )
 from .events import record_event
-from .quotas import FIXED_LIMITS, lowering_step, needs_lowering, partition, quota_totals
+from .quotas import FIXED_LIMITS, lowering_step, needs_lowering, partition, quota_key, quota_totals
 from .settings import ProviderSettings
 from .tenants import apply
 
@@ -65,6 +66,25 @@ logger = logging.getLogger(__name__)
 
 FINALIZER = "offloading.gpuferry.io/twin-namespace"
 _GRANTED = frozenset({"Granted", "PartiallyGranted"})
+
+
+DEMAND_ANNOTATION = "gpuferry.io/demand"
+"""On a twin-namespace request: what pods waiting for quota there need (JSON resource list),
+written by the consumer's virtual kubelet; the partition serves it first."""
+
+
+def demand_of(request: RawObject) -> ResourceList:
+    """The quota keys and amounts a request's demand annotation asks for (bad input: nothing)."""
+    raw = ((request.get("metadata") or {}).get("annotations") or {}).get(DEMAND_ANNOTATION)
+    if not raw:
+        return {}
+    try:
+        parsed = json.loads(raw)
+        if not isinstance(parsed, dict):
+            return {}
+        return {quota_key(str(k)): v for k, v in parse_resource_list(parsed).items()}
+    except ValueError:
+        return {}
 
 
 def tenant_grant(slices: list[RawObject]) -> ResourceList:
@@ -129,7 +149,8 @@ class TwinReconciler:
         slices = (await self.client.list(GPUSLICES, tenant_ns))["items"]
         # pods still terminating in leaving namespaces keep their share until they are gone
         grant = sub(tenant_grant(slices), await self._still_used(leaving))
-        synced, usable = await self._partition(consumer_id, ready, grant, log)
+        demand = {name: demand_of(req) for name, req in wanted.items()}
+        synced, usable = await self._partition(consumer_id, ready, grant, log, demand)
         for name in ready:
             await apply(self.client, ROLES, twin_role(name, consumer_id), self.settings.field_manager)
             await apply(self.client, ROLEBINDINGS,
@@ -238,7 +259,8 @@ class TwinReconciler:
         return True
 
     async def _partition(self, consumer_id: str, namespaces: list[str], grant: ResourceList,
-                         log: logging.LoggerAdapter[logging.Logger]) -> tuple[bool, set[str]]:
+                         log: logging.LoggerAdapter[logging.Logger],
+                         demand: dict[str, ResourceList] | None = None) -> tuple[bool, set[str]]:
         """Bring the quotas towards the partition. Returns (False while a lowered quota is not
         synced yet, the namespaces whose quota is at its planned share and enforced)."""
         quotas: dict[str, RawObject | None] = {}
@@ -251,7 +273,7 @@ class TwinReconciler:
                    for ns, q in quotas.items()}
         used = {ns: parse_resource_list((q.get("status") or {}).get("used")) if q else {}
                 for ns, q in quotas.items()}
-        plan = partition(quota_totals(grant), namespaces, used)
+        plan = partition(quota_totals(grant), namespaces, used, demand)
         lowering = {ns: lowering_step(current[ns], plan[ns]) for ns in namespaces
                     if needs_lowering(current[ns], plan[ns])}
         for ns, hard in lowering.items():

@@ -24,7 +24,18 @@ import pytest
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound, Unauthorized
-from kube.objects import CONFIGMAPS, CSRS, JOBS, NAMESPACES, NODES, PODS, SECRETS, RawObject, Resource
+from kube.objects import (
+    CONFIGMAPS,
+    CSRS,
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCEQUOTAS,
+    SECRETS,
+    RawObject,
+    Resource,
+)
 from peering.localagents import all_agents, stop_agent
 
 from .conftest import NamespaceFactory
@@ -61,6 +72,23 @@ spec:
         resources: {limits: {nvidia.com/gpu: "1"}}
         volumeMounts: [{name: hyper, mountPath: /etc/hyper}]
       volumes: [{name: hyper, configMap: {name: hyper}}]
+"""
+
+
+THREE_GPUS = """
+apiVersion: batch/v1
+kind: Job
+metadata: {name: finetune}
+spec:
+  completions: 3
+  parallelism: 3
+  template:
+    metadata:
+      annotations: {gpuferry.io/simulate-complete-after: "30s"}
+    spec:
+      restartPolicy: Never
+      containers:
+      - {name: train, image: nvcr.io/nvidia/pytorch:25.01-py3, resources: {limits: {nvidia.com/gpu: "1"}}}
 """
 
 
@@ -322,3 +350,50 @@ async def test_user_errors_are_one_line_and_a_nonzero_exit(cli: Cli, args: list[
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], err
     assert not out
+
+
+async def test_quota_headroom_moves_to_the_namespace_whose_pods_wait_for_it(
+    cli: Cli,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    # a 4-GPU grant over two offloaded namespaces: the provider's quotas start at 2 + 2
+    await cli.ok(
+        "peer",
+        "--kubeconfig",
+        cli.c,
+        "--remote-kubeconfig",
+        cli.p,
+        "--cluster-id",
+        "ml-eu",
+        "--remote-cluster-id",
+        "gpu-farm",
+        "--gpus",
+        "4",
+        "--selector",
+        H100,
+        "-q",
+    )
+    busy, idle = await make_namespace(consumer_client), await make_namespace(consumer_client)
+    for ns in (busy, idle):
+        await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    quota = await provider_client.get(RESOURCEQUOTAS, "gpuferry-grant", f"{busy}-ml-eu")
+    assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "2"
+
+    # 3 GPUs at once in one namespace: the virtual kubelet reports the demand, the provider
+    # moves the idle namespace's headroom, and all three run
+    consumer.kubectl("-n", busy, "create", "-f", "-", input=THREE_GPUS)
+    await wait_for(
+        consumer_client,
+        JOBS,
+        "finetune",
+        lambda j: (j.get("status") or {}).get("ready") == 3,
+        namespace=busy,
+        timeout=90,
+    )
+    quota = await provider_client.get(RESOURCEQUOTAS, "gpuferry-grant", f"{busy}-ml-eu")
+    assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"
+    idle_quota = await provider_client.get(RESOURCEQUOTAS, "gpuferry-grant", f"{idle}-ml-eu")
+    assert idle_quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "1", "never more than the grant in total"

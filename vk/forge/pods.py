@@ -44,6 +44,7 @@ from typing import Any
 from vk.forge import labels as lbl
 from vk.forge.names import NamespaceStrategy, node_name, twin_namespace
 from vk.forge.placement import forge_affinity, forge_node_selector, forge_tolerations
+from vk.forge.tokens import rewrite_token_volumes
 
 __all__ = [
     "DROPPED_ANNOTATIONS",
@@ -97,7 +98,10 @@ class ForgeOptions:
     keep_priority_class: bool = False
     """Keep ``priorityClassName`` (the class must exist on the provider, or creation fails)."""
     keep_service_account_volumes: bool = False
-    """Keep the projected ``kube-api-access-*`` volumes and mounts (for accessory reflection)."""
+    """Keep the projected ``kube-api-access-*`` volumes and mounts as they are."""
+    service_account_tokens: bool = False
+    """Keep them, reading the consumer's token, CA and namespace from the pod's token Secret
+    (:mod:`vk.forge.tokens`), which the token reflector writes in the twin namespace."""
     grant_node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The provider nodes the grant covers (e.g. one GPU product): added to every twin's
     ``nodeSelector`` so that twins never land outside the slice they were granted."""
@@ -147,7 +151,7 @@ def _set_or_drop(mapping: dict[str, Any], key: str, value: Any) -> None:
         mapping[key] = value
 
 
-def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
+def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions, pod_name: str = "") -> dict[str, Any]:
     spec = copy.deepcopy(dict(local_spec))
     for field in _DROPPED_SPEC_FIELDS:
         spec.pop(field, None)
@@ -160,7 +164,9 @@ def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions) -> dict[str, 
     _set_or_drop(spec, "affinity", forge_affinity(spec.get("affinity"), identity, opts.node))
     _set_or_drop(spec, "tolerations", forge_tolerations(spec.get("tolerations")))
     spec["automountServiceAccountToken"] = False
-    if not opts.keep_service_account_volumes:
+    if opts.service_account_tokens:
+        rewrite_token_volumes(spec, pod_name)
+    elif not opts.keep_service_account_volumes:
         _drop_service_account_volumes(spec)
     return spec
 
@@ -198,7 +204,7 @@ def remote_pod(local: Mapping[str, Any], opts: ForgeOptions) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": _forge_metadata(local, opts),
-        "spec": _forge_spec(local.get("spec") or {}, opts),
+        "spec": _forge_spec(local.get("spec") or {}, opts, local["metadata"]["name"]),
     }
 
 

@@ -27,18 +27,18 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, NotFound
+from kube.errors import AlreadyExists, Conflict, Forbidden, NotFound
 from kube.logs import object_logger
 from kube.metrics import counter, gauge, histogram
 from kube.objects import EVENTS, NAMESPACES, PODS, ObjectKey, RawObject
+from kube.quantities import ResourceList, add, format_resource_list
 from kube.reconciling import Requeue
 
-from ..forge.fit import FitResult
+from ..forge.fit import FitResult, placement_request
 from ..forge.labels import ORIGIN_NAMESPACE, origin_of, ownership_labels
 from ..forge.names import twin_namespace
 from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
 from ..forge.podstatus import local_status, status_patch
-from .accessories import AccessoryReflector
 from .caches import PodCache
 from .twins import TwinNamespaces
 
@@ -61,6 +61,14 @@ GATE_RETRY_SECONDS = 30.0
 REASON_DELETED = "ProviderPodDeleted"
 REASON_NO_FIT = "ProviderCapacity"
 REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
+REASON_QUOTA = "ProviderQuotaExceeded"
+QUOTA_RETRY_SECONDS = 5.0
+
+
+class Prerequisite(Protocol):
+    """Something a twin needs on the provider before it is created (copies, token Secrets)."""
+
+    async def ensure_for(self, pod: RawObject) -> None: ...
 
 
 class FitOracle(Protocol):
@@ -84,7 +92,7 @@ class PodReflector:
         fit: FitOracle | None = None,
         remap_ip: Callable[[str], str] = lambda ip: ip,
         twins: TwinNamespaces | None = None,
-        accessories: Sequence[AccessoryReflector] = (),
+        accessories: Sequence[Prerequisite] = (),
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -101,6 +109,7 @@ class PodReflector:
         self._namespaces: set[str] = set()
         self._events_sent: set[tuple[str, str]] = set()
         self._gated: set[ObjectKey] = set()
+        self._quota_waiting: dict[ObjectKey, ResourceList] = {}
 
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""
@@ -110,6 +119,9 @@ class PodReflector:
         log = object_logger(logger, "Pod", key)
         local, remote = self.local.get(key), self.remote.get(key)
         self._gated.discard(key)
+        gone = local is None or bool(local["metadata"].get("deletionTimestamp"))
+        if gone and self._quota_waiting.pop(key, None) is not None:
+            await self._report_demand(key.namespace or "")
         if local is None:
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
@@ -198,8 +210,20 @@ class PodReflector:
             await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:
             return Requeue(1.0)  # our cache is behind: look again once the watch caught up
+        except Forbidden as exc:
+            if "exceeded quota" not in str(exc):
+                raise  # RBAC or Pod Security: permanent until someone changes something
+            # the provider's quota (our grant, as the API server enforces it) is full for now:
+            # wait, as a kubelet waits for room, and say so on the consumer pod
+            await self._hold(local, REASON_QUOTA, f"the provider's quota for this tenant is full: {exc}", log)
+            self._gated.add(key)
+            self._quota_waiting[key] = placement_request(local)
+            await self._report_demand(origin_ns)
+            return Requeue(QUOTA_RETRY_SECONDS)
         TWINS_CREATED.inc()
         _observe_since(local, "twin_created")
+        if self._quota_waiting.pop(key, None) is not None:
+            await self._report_demand(origin_ns)
         log.info("twin created in %s", twin["metadata"]["namespace"])
         return None
 
@@ -223,6 +247,12 @@ class PodReflector:
     async def _gate(self, local: RawObject, result: FitResult, log: Any) -> None:
         message = f"waiting for a provider node with room: {result.message}"
         await self._hold(local, REASON_NO_FIT, message, log)
+
+    async def _report_demand(self, origin_ns: str) -> None:
+        if self.twins is None:
+            return
+        waiting = [r for k, r in self._quota_waiting.items() if k.namespace == origin_ns]
+        await self.twins.report_demand(origin_ns, format_resource_list(add(*waiting)) if waiting else {})
 
     async def _hold(self, local: RawObject, reason: str, message: str, log: Any) -> None:
         """Keep the pod Pending with ``reason`` and ``message`` (and one Event) until it can go."""

@@ -12,11 +12,12 @@ cache keyed by consumer pod key.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterator
 
 from kube.clients import KubeClient
-from kube.errors import KubeError
+from kube.errors import KubeError, NotFound
 from kube.objects import ObjectKey, RawObject, Resource
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
@@ -27,6 +28,7 @@ __all__ = ["NAMESPACEOFFLOADINGS", "TwinNamespaces", "twin_mapping"]
 
 logger = logging.getLogger(__name__)
 
+DEMAND_ANNOTATION = "gpuferry.io/demand"
 NAMESPACEOFFLOADINGS = Resource(
     "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
 )
@@ -71,6 +73,7 @@ class TwinNamespaces:
         self._caches: dict[str, PodCache] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._requests: dict[ObjectKey, RawObject] = {}
+        self._demand: dict[str, dict[str, str]] = {}
         self._requests_synced = asyncio.Event()
         self.synced = asyncio.Event()
         """Set once the requests were listed and every twin namespace known then was listed."""
@@ -112,6 +115,26 @@ class TwinNamespaces:
     def __len__(self) -> int:
         return sum(len(cache) for cache in self._caches.values())
 
+    # ---- demand ------------------------------------------------------------------------------
+
+    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
+        """Tell the provider what pods of ``origin`` wait for beyond its twin namespace's quota
+        (an annotation on the request; the provider moves quota headroom there first)."""
+        if self._demand.get(origin) == demand:
+            return
+        value = json.dumps(demand, sort_keys=True) if demand else None
+        try:
+            await self.client.patch(
+                NAMESPACEOFFLOADINGS,
+                origin,
+                {"metadata": {"annotations": {DEMAND_ANNOTATION: value}}},
+                self.tenant_namespace,
+            )
+        except NotFound:
+            return
+        self._demand[origin] = demand
+        logger.info("demand of %s reported to the provider: %s", origin, demand or "none")
+
     # ---- running -------------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -121,16 +144,22 @@ class TwinNamespaces:
             while True:
                 try:
                     async for item in watch_objects(
-                        self.client, NAMESPACEOFFLOADINGS, namespace=self.tenant_namespace,
+                        self.client,
+                        NAMESPACEOFFLOADINGS,
+                        namespace=self.tenant_namespace,
                         settings=self._settings,
-                    ):  # fmt: skip
+                    ):
                         failures = 0
                         self._handle(item)
                 except KubeError as exc:
                     failures += 1
                     delay = backoff_delay(failures, self._settings)
-                    logger.error("watch of NamespaceOffloadings in %s failed (%s); retrying in %.1fs",
-                                 self.tenant_namespace, exc, delay)  # fmt: skip
+                    logger.error(
+                        "watch of NamespaceOffloadings in %s failed (%s); retrying in %.1fs",
+                        self.tenant_namespace,
+                        exc,
+                        delay,
+                    )
                     await asyncio.sleep(delay)
         finally:
             for task in self._tasks.values():

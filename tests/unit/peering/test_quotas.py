@@ -76,3 +76,16 @@ def test_moving_headroom_never_offers_it_twice() -> None:
         assert sum(worst) <= 2, (names, current, lowered)
         current = {ns: dict(plan[ns]) for ns in names}
         assert sum(q[GPU] for q in current.values() if q) == 2
+
+
+def test_demand_is_served_from_the_headroom_before_equal_shares() -> None:
+    # 4 GPUs over two twin namespaces: equal shares are 2 + 2, but a Job in "a" waits for 3
+    plan = partition({GPU: Decimal(4)}, ["a", "b"], {}, {"a": {GPU: Decimal(3)}})
+    assert plan == {"a": {GPU: Decimal(3)}, "b": {GPU: Decimal(1)}}
+    # demand never takes what others use, nor more than the grant
+    plan = partition({GPU: Decimal(4)}, ["a", "b"], {"b": {GPU: Decimal(2)}}, {"a": {GPU: Decimal(9)}})
+    assert plan == {"a": {GPU: Decimal(2)}, "b": {GPU: Decimal(2)}}
+    for total, wants in itertools.product(range(0, 6), itertools.product(range(0, 5), repeat=3)):
+        demand = {ns: {GPU: Decimal(w)} for ns, w in zip("abc", wants, strict=True)}
+        plan = partition({GPU: Decimal(total)}, ["a", "b", "c"], {}, demand)
+        assert sum(plan[ns][GPU] for ns in "abc") == total
