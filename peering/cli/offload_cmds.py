@@ -158,7 +158,13 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         await consumer.patch(
             NAMESPACEOFFLOADINGS,
             OFFLOADING_NAME,
-            {"status": {"phase": "Ready", "remoteNamespaces": remote}},
+            {
+                "status": {
+                    "phase": "Ready",
+                    "remoteNamespaces": remote,
+                    "allowedProviders": providers if args.provider else None,
+                }
+            },
             ns,
             subresource="status",
         )

@@ -397,3 +397,55 @@ async def test_quota_headroom_moves_to_the_namespace_whose_pods_wait_for_it(
     assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "3"
     idle_quota = await provider_client.get(RESOURCEQUOTAS, "gpuferry-grant", f"{idle}-ml-eu")
     assert idle_quota["spec"]["hard"]["requests.nvidia.com/gpu"] == "1", "never more than the grant in total"
+
+
+async def test_a_shrinking_grant_reaches_the_virtual_node(
+    cli: Cli, consumer_client: KubeClient, provider_client: KubeClient
+) -> None:
+    l4 = "nvidia.com/gpu.product=NVIDIA-L4"
+    nodes = sorted(
+        n["metadata"]["name"] for n in (await provider_client.list(NODES, label_selector=l4))["items"]
+    )
+    out = await cli.ok(
+        "peer",
+        "--kubeconfig",
+        cli.c,
+        "--remote-kubeconfig",
+        cli.p,
+        "--cluster-id",
+        "ml-eu",
+        "--remote-cluster-id",
+        "gpu-farm",
+        "--gpus",
+        "4",
+        "--selector",
+        l4,
+        "--allow-partial",
+        "-o",
+        "json",
+        "-q",
+    )
+    assert json.loads(out)["slice"]["granted"]["nvidia.com/gpu"] == "4"  # 2 nodes x 2 L4
+    cordoned = nodes[0]
+    try:
+        # a node drained on the provider: the grant is re-evaluated, and the consumer's virtual
+        # node follows (its kubelet restarts on the VirtualNode change) — nobody runs a command
+        await provider_client.patch(NODES, cordoned, {"spec": {"unschedulable": True}})
+        node = await wait_for(
+            consumer_client,
+            NODES,
+            "gpuferry-gpu-farm",
+            lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "2",
+            timeout=60,
+        )
+        assert (condition(node, "Ready") or {}).get("status") == "True"
+        await provider_client.patch(NODES, cordoned, {"spec": {"unschedulable": False}})
+        await wait_for(
+            consumer_client,
+            NODES,
+            "gpuferry-gpu-farm",
+            lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "4",
+            timeout=60,
+        )
+    finally:
+        await provider_client.patch(NODES, cordoned, {"spec": {"unschedulable": False}})

@@ -138,3 +138,65 @@ async def test_other_namespaces_are_left_alone(
     pod = await consumer_client.create(PODS, gpu_pod("local"), plain, dry_run=True)
     assert not tolerates(pod)
     assert "nodeSelector" not in pod["spec"]
+
+
+async def test_a_provider_restriction_becomes_a_required_node_affinity(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    await consumer_client.patch(
+        OFFLOADINGS,
+        OFFLOADING_NAME,
+        {"status": {"allowedProviders": ["gpu-farm-a"]}},
+        ns,
+        subresource="status",
+    )
+    expected = {
+        "nodeSelectorTerms": [
+            {
+                "matchExpressions": [
+                    {"key": "gpuferry.io/provider", "operator": "In", "values": ["gpu-farm-a"]}
+                ]
+            }
+        ]
+    }
+
+    def pinned(pod: RawObject) -> bool:
+        affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+        return affinity.get("requiredDuringSchedulingIgnoredDuringExecution") == expected
+
+    for _ in range(50):  # the parameter's new status reaches the admission plugin by informer
+        pod = await admitted(consumer_client, ns, gpu_pod("train"))
+        if pinned(pod):
+            break
+        await asyncio.sleep(0.2)
+    assert pinned(pod), pod["spec"].get("affinity")
+    # a pod with a node affinity of its own: kept as the user wrote it (only the toleration added)
+    own = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 1,
+                    "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                }
+            ]
+        }
+    }
+    pod = await admitted(consumer_client, ns, gpu_pod("mine", affinity=own))
+    assert (
+        pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        == own["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    )
+    assert pinned(pod), "a preferred term of its own does not escape the restriction"
+    required = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    pod = await admitted(consumer_client, ns, gpu_pod("strict", affinity=required))
+    assert pod["spec"]["affinity"] == required
