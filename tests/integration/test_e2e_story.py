@@ -449,3 +449,61 @@ async def test_a_shrinking_grant_reaches_the_virtual_node(
         )
     finally:
         await provider_client.patch(NODES, cordoned, {"spec": {"unschedulable": False}})
+
+
+async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
+    cli: Cli,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    await cli.ok(
+        "peer",
+        "--kubeconfig",
+        cli.c,
+        "--remote-kubeconfig",
+        cli.p,
+        "--cluster-id",
+        "ml-eu",
+        "--remote-cluster-id",
+        "gpu-farm",
+        "--gpus",
+        "2",
+        "--selector",
+        H100,
+        "-q",
+    )
+    ns = await make_namespace(consumer_client)
+    out = json.loads(
+        await cli.ok(
+            "offload",
+            "namespace",
+            ns,
+            "--kubeconfig",
+            cli.c,
+            "--namespace-mapping-strategy",
+            "SameName",
+            "--pod-offloading-strategy",
+            "Remote",
+            "-o",
+            "json",
+            "-q",
+        )
+    )
+    assert out["remoteNamespaces"] == [{"clusterID": "gpu-farm", "remoteNamespace": ns, "phase": "Ready"}]
+    # Remote: even a pod without GPUs goes to the virtual node
+    consumer.kubectl("-n", ns, "run", "cpu-only", "--image=busybox", "--restart=Never")
+    pod = await wait_for(
+        consumer_client,
+        PODS,
+        "cpu-only",
+        lambda p: p["status"].get("phase") == "Running",
+        namespace=ns,
+        timeout=60,
+    )
+    assert pod["spec"]["nodeName"] == "gpuferry-gpu-farm"
+    assert (await provider_client.get(PODS, "cpu-only", ns))["status"]["phase"] == "Running"
+    await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    with pytest.raises(NotFound):
+        await provider_client.get(NAMESPACES, ns)
