@@ -52,6 +52,8 @@ class Agent:
         cmd = [sys.executable, "-m", ROLES[self.role], "--kubeconfig", self.kubeconfig]
         if self.role == "provider":
             cmd.append("--install-crds")
+        else:  # embedded mode, admin kubeconfigs: nobody else would approve the kubelet certificates
+            cmd.append("--kubelet-csr-self-approve")
         return cmd
 
     def pid(self) -> int | None:

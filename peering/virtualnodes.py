@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,10 @@ class SupervisorSettings:
     python: str = sys.executable
     extra_args: Sequence[str] = field(default_factory=tuple)
     """Extra flags for ``python -m vk`` (e.g. ``--metrics-port``), the same for every node."""
+    kubelet_api: bool = True
+    """Run each virtual kubelet with its kubelet API (logs, exec…) on a free loopback port."""
+    kubelet_self_approve: bool = False
+    """Let each virtual kubelet approve its own serving certificate (embedded mode only)."""
     stop_grace: float = 10.0
     max_backoff: float = 60.0
 
@@ -84,6 +89,10 @@ class _Child:
         cmd = [s.python, "-m", "vk", "--virtual-node", f"{self.key.namespace}/{self.key.name}"]
         if s.consumer_kubeconfig is not None:
             cmd += ["--consumer-kubeconfig", str(s.consumer_kubeconfig)]
+        if s.kubelet_api:
+            cmd += ["--kubelet-api", "--kubelet-port", str(_free_port())]
+            if s.kubelet_self_approve:
+                cmd.append("--kubelet-csr-self-approve")
         return cmd + list(s.extra_args)
 
     def _log_path(self) -> Path | None:
@@ -156,6 +165,12 @@ class _Child:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _last_line(path: Path | None) -> str:

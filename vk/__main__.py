@@ -67,6 +67,17 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         help="twin namespace: <ns>-<consumer-id> (default) or the same name",
     )
     p.add_argument("--node-address", default="127.0.0.1", help="InternalIP of the node (kubelet API)")
+    p.add_argument(
+        "--kubelet-api",
+        action="store_true",
+        help="serve the kubelet API (kubectl logs/exec/attach/port-forward) on --node-address:--kubelet-port",
+    )
+    p.add_argument("--kubelet-port", type=int, default=10250, help="port of the kubelet API (10250)")
+    p.add_argument(
+        "--kubelet-csr-self-approve",
+        action="store_true",
+        help="approve the kubelet API's serving-certificate CSR with our own identity (local clusters only)",
+    )
     p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on 127.0.0.1:PORT")
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
     args = p.parse_args(argv)
@@ -90,6 +101,9 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         provider_node_selector=_pairs(args.provider_node_selector, "--provider-node-selector"),
         namespace_strategy=args.namespace_strategy,
         node_address=args.node_address,
+        kubelet_api=args.kubelet_api,
+        kubelet_port=args.kubelet_port,
+        kubelet_csr_self_approve=args.kubelet_csr_self_approve,
         metrics_port=args.metrics_port,
         workers=args.workers,
         consumer_client=ClientSettings.from_env(),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -29,11 +30,14 @@ from .forge.accessories import CONFIGMAP, SECRET
 from .forge.labels import owner_selector
 from .forge.names import twin_namespace
 from .forge.pods import ForgeOptions
+from .kubelet import KubeletContext, serve_kubelet_api
+from .kubelet.certificates import ServingCertificate
 from .node.controller import NodeController
 from .node.lease import LEASE_NAMESPACE
 from .reflection.accessories import AccessoryReflector
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.pods import PodReflector, refresh_phase_gauge
+from .reflection.tokens import TokenReflector
 from .reflection.twins import TwinNamespaces
 from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
 
@@ -49,6 +53,7 @@ def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
         virtual_node_name=settings.effective_node_name,
         namespace_strategy=settings.namespace_strategy,
         grant_node_selector=dict(settings.provider_node_selector),
+        service_account_tokens=settings.service_account_tokens,
     )
 
 
@@ -61,13 +66,18 @@ async def _sync_pods(
     await run_workers(queue, reflector, settings=settings.queue, logger=logger, kind="Pod")
 
 
-async def _resync(queue: KeyedQueue[ObjectKey], reflector: PodReflector, every: float) -> None:
+async def _resync(
+    queue: KeyedQueue[ObjectKey],
+    reflector: PodReflector,
+    accessories: Sequence[AccessoryReflector | TokenReflector],
+    every: float,
+) -> None:
     """Reconcile everything now and then: collects orphans, heals anything a lost event hid."""
     while True:
         await asyncio.sleep(every)
         for key in {*reflector.local.keys(), *reflector.remote.keys()}:
             queue.add(key)
-        for accessory in reflector.accessories:
+        for accessory in accessories:
             accessory.resync()
 
 
@@ -85,6 +95,27 @@ async def _serve_metrics(port: int, reflector: PodReflector) -> None:
         await asyncio.Event().wait()
     finally:
         await asyncio.shield(runner.cleanup())
+
+
+async def _serve_kubelet_api(
+    settings: VirtualKubeletSettings,
+    consumer: KubeClient,
+    provider: KubeClient,
+    local: PodCache,
+    remote: PodCache | TwinNamespaces,
+) -> None:
+    node = settings.effective_node_name
+    ctx = KubeletContext(
+        node_name=node, provider=provider, local_pod=local.get, twin_pod=remote.get,
+        local_keys=local.keys, started=datetime.datetime.now(datetime.UTC),
+    )
+    certificate = ServingCertificate(
+        consumer, node_name=node, addresses=(settings.node_address,),
+        self_approve=settings.kubelet_csr_self_approve, expiration_seconds=settings.kubelet_cert_seconds,
+        sign_timeout=120.0,
+    )
+    await serve_kubelet_api(consumer=consumer, ctx=ctx, certificate=certificate,
+                            host=settings.node_address, port=settings.kubelet_port)
 
 
 def _provider_client(settings: VirtualKubeletSettings) -> KubeClient:
@@ -176,7 +207,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
     provider = _provider_client(settings)
     async with consumer, provider:
         queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
-        accessories: list[AccessoryReflector] = []
+        accessories: list[AccessoryReflector | TokenReflector] = []
 
         def local_pod_changed(key: ObjectKey) -> None:
             queue.add(key)
@@ -236,6 +267,16 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 return twins.twin_namespace_for(origin)
             return twin_namespace(origin, opts.consumer_cluster_id, strategy=opts.namespace_strategy)
 
+        if opts.service_account_tokens:
+            accessories.append(
+                TokenReflector(
+                    consumer=consumer,
+                    provider=provider,
+                    pods=local,
+                    twin_namespace_for=twin_namespace_for,
+                    consumer_id=settings.consumer_cluster_id,
+                )
+            )
         for kind in (CONFIGMAP, SECRET):
             accessories.append(
                 AccessoryReflector(
@@ -270,7 +311,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             "watch_consumer_pods": local.run(),
             "watch_provider_twins": remote.run(),
             "sync_pods_to_remote": _sync_pods(queue, reflector, settings),
-            "resync": _resync(queue, reflector, settings.resync_seconds),
+            "resync": _resync(queue, reflector, accessories, settings.resync_seconds),
         }
         for accessory in accessories:
             roots[f"sync_{accessory.kind}_to_remote"] = run_workers(
@@ -278,10 +319,12 @@ async def run(settings: VirtualKubeletSettings) -> None:
                 accessory,
                 settings=settings.queue,
                 logger=logger,
-                kind=accessory.resource.kind,
+                kind=accessory.resource.kind if isinstance(accessory, AccessoryReflector) else "Pod",
             )
         if settings.metrics_port:
             roots["metrics"] = _serve_metrics(settings.metrics_port, reflector)
+        if settings.kubelet_api:
+            roots["kubelet_api"] = _serve_kubelet_api(settings, consumer, provider, local, remote)
         try:
             await run_supervised(roots, logger=logger)
         finally:

@@ -44,12 +44,25 @@ class VirtualKubeletSettings:
     empty: an admin identity (tests, development) watches provider Nodes and Pods directly."""
     slice_name: str = ""
     """The GPUSlice (in ``tenant_namespace``) whose per-node grant is the room pods fit into."""
+    service_account_tokens: bool = True
+    """Give twins their consumer pod's service-account token (TokenRequest on the consumer,
+    refreshed) in place of the projected token the provider would issue; False drops the volume."""
     namespace_strategy: NamespaceStrategy = "default"
     """Twin namespace rule: ``<namespace>-<consumer-id>`` or the same name."""
     node_address: str = "127.0.0.1"
     """InternalIP the Node reports (where its kubelet API listens)."""
     kubelet_port: int = 10250
     """Port published in ``daemonEndpoints.kubeletEndpoint``."""
+    kubelet_api: bool = False
+    """Serve the kubelet API (logs, exec, attach, port-forward, pods, stats) over TLS on
+    ``node_address:kubelet_port`` and declare ``ExtendWebSocketsToKubelet`` on the Node; off by
+    default so that several embedded kubelets (tests) do not contend for one port."""
+    kubelet_csr_self_approve: bool = False
+    """Approve the kubelet API's own serving-certificate CSR with the consumer identity: for
+    local/dev clusters only; in production an approver checks and approves it."""
+    kubelet_cert_seconds: int = 86400
+    """Requested lifetime of the serving certificate (``expirationSeconds``, at least 600);
+    it is renewed at 80 % of its lifetime."""
     heartbeat_seconds: float = 10.0
     """How often the node Lease is renewed (the kubelet default is 10 s)."""
     status_seconds: float = 60.0

@@ -22,7 +22,7 @@ import yaml
 
 from .binaries import HACK_DIR, Binaries
 from .nodes import node_manifest
-from .pki import ClientIdentity, ensure_pki
+from .pki import ClientIdentity, ensure_pki, ensure_server_cert
 from .processes import Component, ComponentFailed, ProcessTable
 from .spec import ClusterSpec
 
@@ -49,6 +49,12 @@ UPSTREAM_STAGES = (
     "pod/fast/pod-delete.yaml",
 )
 OWN_STAGES = ("pod-complete.yaml",)
+
+# kwok's per-pod debugging objects (kwok v0.8.0 CRDs, kept in hack/kwok/crds): a ``Logs``,
+# ``Exec``, ``Attach`` or ``PortForward`` named after a pod tells kwok's kubelet-like server what
+# `kubectl logs/exec/attach/port-forward` get for that fake pod.
+KWOK_DEBUGGING_CRDS = ("Logs", "Exec", "Attach", "PortForward")
+KWOK_CRD_DIR = HACK_DIR / "kwok" / "crds"
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class LocalCluster:
             path = self._kubeconfig(identity.stem)
             if not path.exists():
                 write_kubeconfig(path, spec, identity.stem, identity.user)
+        # kwok's kubelet-like server, verified by the API server like any kubelet
+        ensure_server_cert(spec.pki_dir, "kwok-serving", common_name="kwok-kubelet", ips=("127.0.0.1",))
 
     def components(self) -> dict[str, Component]:
         spec, b, pki = self.spec, self.bin, self.spec.pki_dir
@@ -183,6 +191,10 @@ class LocalCluster:
                     f"--client-ca-file={pki / 'ca.crt'}",
                     f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
                     f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                    # kubelets (kwok, the virtual kubelet) serve certificates from the cluster CA;
+                    # dial their InternalIP (a Hostname address is the node name, not resolvable)
+                    f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                    "--kubelet-preferred-address-types=InternalIP,Hostname",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki / 'sa.pub'}",
                     f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -232,6 +244,12 @@ class LocalCluster:
                     f"--cidr={spec.pod_cidr}",
                     "--node-ip=127.0.0.1",
                     f"--server-address=127.0.0.1:{p.kwok}",
+                    # published in the nodes' daemonEndpoints: the API server proxies logs, exec,
+                    # attach and port-forward of fake pods here (TLS, certificate from the CA)
+                    f"--node-port={p.kwok}",
+                    f"--tls-cert-file={pki / 'kwok-serving.crt'}",
+                    f"--tls-private-key-file={pki / 'kwok-serving.key'}",
+                    f"--enable-crds={','.join(KWOK_DEBUGGING_CRDS)}",
                     *[a for s in stages for a in ("-c", s)],
                 ],
                 healthy=lambda: _http_ok(p.kwok, "/healthz"),
@@ -290,6 +308,9 @@ class LocalCluster:
             ],
         }
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(binding))
+        # kwok watches its debugging objects from the start: their CRDs must be established first
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(KWOK_CRD_DIR))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(KWOK_CRD_DIR))
 
     def _ensure_nodes(self, *, timeout: float) -> None:
         existing = set(self.kubectl("get", "nodes", "-o", "name").split())

@@ -128,6 +128,16 @@ def _client_subject(identity: ClientIdentity) -> x509.Name:
     return x509.Name(attrs)
 
 
+def ensure_server_cert(pki: Path, stem: str, *, common_name: str, ips: tuple[str, ...]) -> None:
+    """A serving certificate signed by the cluster CA (e.g. kwok's kubelet-like server, which the
+    API server verifies with ``--kubelet-certificate-authority``); kept when present."""
+    if (pki / f"{stem}.crt").exists():
+        return
+    sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    _issue(pki, stem, subject, server=True, sans=sans)
+
+
 def ensure_pki(
     pki: Path,
     *,

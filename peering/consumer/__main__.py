@@ -16,7 +16,13 @@ from .app import run_consumer
 
 async def _main(args: argparse.Namespace, kubeconfig: Path | None) -> None:
     async with KubeClient.from_config(kubeconfig, args.context, settings=ClientSettings.from_env()) as client:
-        await run_consumer(client, kubeconfig=kubeconfig, namespace=args.namespace, log_dir=args.log_dir)
+        await run_consumer(
+            client,
+            kubeconfig=kubeconfig,
+            namespace=args.namespace,
+            log_dir=args.log_dir,
+            kubelet_self_approve=args.kubelet_csr_self_approve,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default="gpuferry-system", help="where VirtualNodes live")
     parser.add_argument(
         "--log-dir", type=Path, help="one log file per virtual kubelet here (default: inherit)"
+    )
+    parser.add_argument(
+        "--kubelet-csr-self-approve",
+        action="store_true",
+        help="virtual kubelets approve their own serving certificates (local clusters only)",
     )
     args = parser.parse_args(argv)
     setup_logging(LoggingSettings.from_env())

@@ -12,9 +12,19 @@ from .grants import GrantFollower
 
 
 async def run_consumer(
-    client: KubeClient, *, kubeconfig: Path | None, namespace: str | None, log_dir: Path | None
+    client: KubeClient,
+    *,
+    kubeconfig: Path | None,
+    namespace: str | None,
+    log_dir: Path | None,
+    kubelet_self_approve: bool = False,
 ) -> None:
-    settings = SupervisorSettings(consumer_kubeconfig=kubeconfig, namespace=namespace, log_dir=log_dir)
+    settings = SupervisorSettings(
+        consumer_kubeconfig=kubeconfig,
+        namespace=namespace,
+        log_dir=log_dir,
+        kubelet_self_approve=kubelet_self_approve,
+    )
     await run_supervised(
         {
             "virtual_kubelets": VirtualNodeSupervisor(client, settings).run(),

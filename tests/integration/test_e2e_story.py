@@ -54,6 +54,7 @@ POLICIES = Resource(
     namespaced=False,
 )
 H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+KWOK_EXECS = Resource("kwok.x-k8s.io", "v1alpha1", "execs", "Exec", namespaced=True)
 JOB = """
 apiVersion: batch/v1
 kind: Job
@@ -241,6 +242,43 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     assert all(t["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3" for t in twins)
     # what they mount went with them, written with the consumer's own identity
     assert (await provider_client.get(CONFIGMAPS, "hyper", twin_ns))["data"] == {"lr": "3e-4"}
+
+    # kubectl exec on the consumer reaches the twin (kwok runs the command on the provider)
+    consumer.kubectl(
+        "-n",
+        ns,
+        "run",
+        "shell",
+        "--image=busybox",
+        "--restart=Never",
+        "--overrides",
+        json.dumps(
+            {"spec": {"tolerations": [], "nodeSelector": {"kubernetes.io/hostname": "gpuferry-gpu-farm"}}}
+        ),
+    )
+    await wait_for(
+        consumer_client,
+        PODS,
+        "shell",
+        lambda p: p["status"].get("phase") == "Running",
+        namespace=ns,
+        timeout=60,
+    )
+    exec_config = {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Exec",
+        "metadata": {"name": "shell"},
+        "spec": {"execs": [{"local": {"workDir": "/tmp"}}]},
+    }
+    await provider_client.create(KWOK_EXECS, exec_config, twin_ns)
+    for _ in range(50):  # kwok learns of its Exec objects through a watch
+        try:
+            out = consumer.kubectl("-n", ns, "exec", "shell", "--", "echo", "from the provider")
+            break
+        except RuntimeError:
+            await asyncio.sleep(0.2)
+    assert out.strip() == "from the provider"
+    await consumer_client.delete(PODS, "shell", ns)
 
     # info, golden (times and URLs masked)
     info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))

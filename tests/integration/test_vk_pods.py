@@ -4,6 +4,7 @@ pods on the virtual node, they run as twins on the provider's GPU nodes, status 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import socket
@@ -20,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
+from kube.kubeconfigs import Connection
 from kube.objects import (
     CONFIGMAPS,
     ENDPOINTSLICES,
@@ -48,6 +50,9 @@ from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
 
 pytestmark = pytest.mark.integration
 
+SELFSUBJECTREVIEWS = Resource(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False
+)
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 H100_SELECTOR = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
@@ -555,3 +560,35 @@ async def test_a_consumer_service_lists_the_twins_addresses(
 
     # the consumer's own EndpointSlice controller, from the reflected pod status
     assert await asyncio.wait_for(endpoints(), 30) == twin_ips
+
+
+async def test_the_twin_gets_its_consumer_pods_service_account_token(
+    vk: VirtualKubelet,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("caller", 1), ns)  # admission adds kube-api-access-*
+    await wait_for(consumer_client, PODS, "caller", running, namespace=ns, timeout=30)
+    twin = await provider_client.get(PODS, "caller", vk.twin_ns(ns))
+    (volume,) = [v for v in twin["spec"]["volumes"] if v["name"].startswith("kube-api-access-")]
+    secret_names = {s["secret"]["name"] for s in volume["projected"]["sources"]}
+    assert secret_names == {"caller-gpuferry-token"}
+    secret = await provider_client.get(SECRETS, "caller-gpuferry-token", vk.twin_ns(ns))
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["namespace"] == ns and "BEGIN CERTIFICATE" in data["ca.crt"]
+
+    # the token is the consumer's: it authenticates there as the pod's service account
+    connection = Connection(server=consumer.spec.server, ca_pem=data["ca.crt"].encode(), token=data["token"])
+    async with KubeClient(connection) as as_pod:
+        review = await as_pod.create(
+            SELFSUBJECTREVIEWS, {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        )
+    user = review["status"]["userInfo"]
+    assert user["username"] == f"system:serviceaccount:{ns}:default"
+    assert user["extra"]["authentication.kubernetes.io/pod-name"] == ["caller"]  # bound to the pod
+
+    await consumer_client.delete(PODS, "caller", ns)
+    await wait_for_deletion(provider_client, SECRETS, "caller-gpuferry-token", vk.twin_ns(ns), timeout=30)

@@ -122,12 +122,10 @@ TENANT_RULES = [
         "verbs": ["get", "list", "watch"],
     },
 ]
-TWIN_RULES = [
-    {
-        "apiGroups": [""],
-        "resources": ["pods"],
-        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
-    },
+RW = ["get", "list", "watch", "create", "update", "patch", "delete"]
+TWIN_RULES = [  # as the provider controller binds them in twin namespaces (pods, copies, tokens)
+    {"apiGroups": [""], "resources": ["pods"], "verbs": RW},
+    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": RW},
 ]
 
 

@@ -81,6 +81,9 @@ __all__ = ["MIN_UPDATE_INTERVAL", "PROBE_FAILURES", "NodeController"]
 
 logger = logging.getLogger(__name__)
 
+DECLARED_FEATURES = ("ExtendWebSocketsToKubelet",)
+"""Node features the virtual kubelet declares when it serves the kubelet API (sorted)."""
+
 GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
 
 MIN_UPDATE_INTERVAL = 1.0
@@ -293,7 +296,7 @@ class NodeController:
         for resource, amount in shape.items():
             with contextlib.suppress(ValueError):
                 LARGEST_BLOCK.labels(self.node_name, resource).set(float(parse_quantity(amount)))
-        return virtual_node(
+        node = virtual_node(
             name=self.node_name,
             provider_id=settings.provider_cluster_id,
             resources=settings.resources,
@@ -308,6 +311,11 @@ class NodeController:
             version=self._version,
             boot_id=self._boot_id,
         )
+        if settings.kubelet_api:
+            # the API server then proxies WebSocket exec/attach/port-forward to our kubelet API
+            # as they are, rather than translating them to SPDY/3.1 on the way
+            node["status"]["declaredFeatures"] = list(DECLARED_FEATURES)
+        return node
 
     async def sync(self, *, heartbeat: bool = False) -> RawObject:
         """Read the Node and bring it to :meth:`desired`; creates it when missing."""
@@ -328,6 +336,10 @@ class NodeController:
             current = await self.consumer.patch(NODES, self.node_name, metadata_patch)
             self.log.debug("labels/annotations/taints updated: %s", metadata_patch)
         status_patch = node_status_patch(current, desired, heartbeat=heartbeat)
+        want_features = desired["status"].get("declaredFeatures")
+        if want_features and (current.get("status") or {}).get("declaredFeatures") != want_features:
+            status_patch = status_patch or {"status": {}}
+            status_patch["status"]["declaredFeatures"] = want_features
         if status_patch is not None:
             current = await self.consumer.patch(NODES, self.node_name, status_patch, patch_type="strategic",
                                                 subresource="status")

@@ -1,0 +1,302 @@
+"""The virtual node's kubelet API: an aiohttp app over TLS on ``node_address:kubelet_port``.
+
+Routes follow the kubelet's paths (pkg/kubelet/server/server.go); each is answered from the
+consumer pod bound to this node and its twin on the provider:
+
+- ``/containerLogs/{ns}/{pod}/{container}``: the twin's ``pods/log`` streamed back, with
+  follow, tailLines (and the legacy ``tail``), sinceSeconds, sinceTime, timestamps, previous and
+  limitBytes passed through;
+- ``/exec``, ``/attach`` (with or without the pod UID) and ``/portForward``: WebSocket streams
+  relayed to the twin's ``pods/exec|attach|portforward`` (:mod:`.streams`), SPDY/3.1 upgrades
+  passed through to the same (:mod:`.spdy`);
+- ``/pods``, ``/runningpods/``: the consumer pods bound here (running ones: twin Running);
+- ``/stats/summary``, ``/metrics/resource``: node and pod identity and start times; no usage
+  figures, as no usage is collected from the provider (honestly absent, never made up);
+- ``/healthz``: ok.
+
+Anything else is a 404 from the router. Every request is authenticated and authorised first
+(:mod:`.auth`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kube.clients import KubeClient
+from kube.errors import KubeError
+from kube.objects import ObjectKey, RawObject
+
+from .auth import Authenticator, auth_middleware
+from .certificates import CertificateError, ServingCertificate
+from .spdy import is_spdy, passthrough
+from .streams import EXEC_PROTOCOLS, PORTFORWARD_PROTOCOLS, provider_stream_query, relay
+
+logger = logging.getLogger(__name__)
+
+LOG_PARAMS = ("follow", "tailLines", "sinceSeconds", "sinceTime", "timestamps", "previous", "limitBytes")
+
+PodLookup = Callable[[ObjectKey], RawObject | None]
+
+
+@dataclass(frozen=True)
+class KubeletContext:
+    """What the routes need: the provider client, and the pod caches of both sides."""
+
+    node_name: str
+    provider: KubeClient
+    local_pod: PodLookup
+    """The consumer pod bound to this node, by key (None: not here)."""
+    twin_pod: PodLookup
+    """Its twin on the provider, by the consumer pod's key (None: not created yet)."""
+    local_keys: Callable[[], list[ObjectKey]]
+    started: datetime.datetime
+
+
+CONTEXT = web.AppKey("kubelet_context", KubeletContext)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    return web.json_response(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code,
+        },
+        status=code,
+    )
+
+
+def _twin(request: web.Request) -> tuple[RawObject, RawObject] | web.Response:
+    """The consumer pod named by the path and its twin, or the error answer."""
+    ctx = request.app[CONTEXT]
+    ns, name = request.match_info["namespace"], request.match_info["pod"]
+    key = ObjectKey(ns, name)
+    pod = ctx.local_pod(key)
+    if pod is None:
+        return _status(404, "NotFound", f"pod {ns}/{name} is not on node {ctx.node_name}")
+    uid = request.match_info.get("uid")
+    if uid and pod["metadata"].get("uid") != uid:
+        return _status(404, "NotFound", f"pod {ns}/{name} with UID {uid} is not on node {ctx.node_name}")
+    twin = ctx.twin_pod(key)
+    if twin is None:
+        return _status(404, "NotFound", f"pod {ns}/{name} has no twin on the provider yet")
+    return pod, twin
+
+
+def _twin_path(twin: RawObject, sub: str) -> str:
+    meta = twin["metadata"]
+    return f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/{sub}"
+
+
+async def container_logs(request: web.Request) -> web.StreamResponse:
+    found = _twin(request)
+    if isinstance(found, web.Response):
+        return found
+    _, twin = found
+    ctx = request.app[CONTEXT]
+    query = request.rel_url.query
+    params: dict[str, str] = {"container": request.match_info["container"]}
+    for name in LOG_PARAMS:
+        if name in query:
+            params[name] = query[name]
+    tail = query.get("tail")
+    if tail is not None and tail != "all" and "tailLines" not in params:
+        params["tailLines"] = tail
+    try:
+        async with ctx.provider.stream("GET", _twin_path(twin, "log"), params) as upstream:
+            response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+    except KubeError as exc:
+        code = exc.status if exc.status and 400 <= exc.status < 600 else 502
+        return _status(code, exc.reason or "ProviderError", f"provider API server: {exc}")
+
+
+async def exec_(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, "exec")
+
+
+async def attach(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, "attach")
+
+
+async def port_forward(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, "portforward")
+
+
+async def _stream(request: web.Request, kind: str) -> web.StreamResponse:
+    found = _twin(request)
+    if isinstance(found, web.Response):
+        return found
+    _, twin = found
+    container = request.match_info.get("container")
+    query = provider_stream_query(kind, request.rel_url.query, container)
+    if is_spdy(request):
+        provider = request.app[CONTEXT].provider
+        return await passthrough(request, provider, path=_twin_path(twin, kind), query=query)
+    protocols = PORTFORWARD_PROTOCOLS if kind == "portforward" else EXEC_PROTOCOLS
+    return await relay(
+        request, request.app[CONTEXT].provider, path=_twin_path(twin, kind), query=query, supported=protocols
+    )
+
+
+def _pod_list(pods: list[RawObject]) -> RawObject:
+    return {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}
+
+
+def _local_pods(ctx: KubeletContext) -> list[RawObject]:
+    return [pod for key in ctx.local_keys() if (pod := ctx.local_pod(key)) is not None]
+
+
+async def pods(request: web.Request) -> web.Response:
+    return web.json_response(_pod_list(_local_pods(request.app[CONTEXT])))
+
+
+async def running_pods(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    running = []
+    for pod in _local_pods(ctx):
+        key = ObjectKey(pod["metadata"].get("namespace"), pod["metadata"]["name"])
+        twin = ctx.twin_pod(key)
+        if twin is not None and (twin.get("status") or {}).get("phase") == "Running":
+            running.append(pod)
+    return web.json_response(_pod_list(running))
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def _iso(dt: datetime.datetime) -> str:
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def stats_summary(request: web.Request) -> web.Response:
+    """The Summary API's shape with identities and start times only: no usage is collected."""
+    ctx = request.app[CONTEXT]
+    pod_stats = []
+    for pod in _local_pods(ctx):
+        meta, status = pod["metadata"], pod.get("status") or {}
+        containers = []
+        for cs in status.get("containerStatuses") or ():
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            containers.append({"name": cs["name"], **({"startTime": started} if started else {})})
+        entry: RawObject = {
+            "podRef": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "containers": containers,
+        }
+        if status.get("startTime"):
+            entry["startTime"] = status["startTime"]
+        pod_stats.append(entry)
+    body = {
+        "node": {"nodeName": ctx.node_name, "startTime": _iso(ctx.started), "systemContainers": []},
+        "pods": pod_stats,
+    }
+    return web.json_response(body)
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+async def metrics_resource(request: web.Request) -> web.Response:
+    """The resource metrics endpoint: container start times; usage series are absent because
+    none is collected from the provider (metrics-server skips containers without them)."""
+    ctx = request.app[CONTEXT]
+    lines = [
+        "# HELP container_start_time_seconds [STABLE] Start time of the container since unix epoch "
+        "in seconds",
+        "# TYPE container_start_time_seconds gauge",
+    ]
+    for pod in _local_pods(ctx):
+        meta = pod["metadata"]
+        for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+            if not started:
+                continue
+            ts = datetime.datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
+            lines.append(
+                f'container_start_time_seconds{{container="{_label(cs["name"])}",'
+                f'namespace="{_label(str(meta.get("namespace")))}",pod="{_label(meta["name"])}"}} {ts:.0f}'
+            )
+    lines += [
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container "
+        "metrics, 0 otherwise",
+        "# TYPE resource_scrape_error gauge",
+        "resource_scrape_error 0",
+    ]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+
+
+def make_app(ctx: KubeletContext, authn: Authenticator) -> web.Application:
+    app = web.Application(middlewares=[auth_middleware(authn)])
+    app[CONTEXT] = ctx
+    r = app.router
+    r.add_get("/healthz", healthz)
+    r.add_get("/pods", pods)
+    r.add_get("/pods/", pods)
+    r.add_get("/runningpods/", running_pods)
+    r.add_get("/stats/summary", stats_summary)
+    r.add_get("/metrics/resource", metrics_resource)
+    r.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    for method in ("GET", "POST"):
+        r.add_route(method, "/exec/{namespace}/{pod}/{container}", exec_)
+        r.add_route(method, "/exec/{namespace}/{pod}/{uid}/{container}", exec_)
+        r.add_route(method, "/attach/{namespace}/{pod}/{container}", attach)
+        r.add_route(method, "/attach/{namespace}/{pod}/{uid}/{container}", attach)
+        r.add_route(method, "/portForward/{namespace}/{pod}", port_forward)
+        r.add_route(method, "/portForward/{namespace}/{pod}/{uid}", port_forward)
+    return app
+
+
+async def serve_kubelet_api(
+    *,
+    consumer: KubeClient,
+    ctx: KubeletContext,
+    certificate: ServingCertificate,
+    host: str,
+    port: int,
+    ready: asyncio.Event | None = None,
+    retry_seconds: float = 30.0,
+) -> None:
+    """Obtain the serving certificate, serve until cancelled, renew the certificate meanwhile.
+
+    Until a certificate is issued (e.g. nobody has approved the CSR yet) nothing listens and
+    the attempt is repeated every ``retry_seconds``: the rest of the virtual kubelet (pods,
+    node) goes on meanwhile.
+    """
+    while True:
+        try:
+            await certificate.setup()
+            break
+        except (CertificateError, KubeError) as exc:
+            logger.warning(
+                "kubelet API of %s not served yet: %s; retrying in %.0fs", ctx.node_name, exc, retry_seconds
+            )
+            await asyncio.sleep(retry_seconds)
+    app = make_app(ctx, Authenticator(consumer, ctx.node_name))
+    # handler_cancellation: a client that goes away (kubectl logs -f interrupted) cancels its
+    # handler, which closes the provider stream it was relaying, instead of leaking it
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=certificate.context).start()
+        logger.info("kubelet API of %s on https://%s:%d", ctx.node_name, host, port)
+        if ready is not None:
+            ready.set()
+        await certificate.keep_renewed()
+    finally:
+        await asyncio.shield(runner.cleanup())

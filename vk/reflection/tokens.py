@@ -1,0 +1,153 @@
+"""Service-account tokens of offloaded pods: the consumer's token, in the twin namespace, fresh.
+
+For each consumer pod on the node that has a projected token volume, the reflector asks the
+consumer's TokenRequest API for a token of the pod's service account, bound to the pod (so it
+stops working when the pod goes), and writes it with the consumer's CA and namespace into the
+pod's token Secret in the twin namespace (:mod:`vk.forge.tokens`). It renews the token when 80%
+of its lifetime has passed, as the kubelet does, and deletes the Secret when the pod is gone.
+The pod reflector calls :meth:`ensure_for` before creating a twin, so the Secret exists first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists, Conflict, NotFound
+from kube.logs import object_logger
+from kube.metrics import counter
+from kube.objects import CONFIGMAPS, SECRETS, SERVICEACCOUNTS, ObjectKey, RawObject
+from kube.queueing import KeyedQueue
+from kube.reconciling import Requeue
+
+from ..forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
+from .caches import PodCache
+
+__all__ = ["TokenReflector"]
+
+logger = logging.getLogger(__name__)
+
+_ISSUED = counter("vk_tokens_issued", "Consumer service-account tokens issued for twins.")
+RENEW_AT = 0.8
+
+
+def _expiry(timestamp: str) -> float:
+    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+
+
+class TokenReflector:
+    """Keys are consumer pod keys; see the module docstring."""
+
+    kind = "tokens"
+
+    def __init__(
+        self,
+        *,
+        consumer: KubeClient,
+        provider: KubeClient,
+        pods: PodCache,
+        twin_namespace_for: Callable[[str], str | None],
+        consumer_id: str,
+    ) -> None:
+        self.consumer = consumer
+        self.provider = provider
+        self.pods = pods
+        self.twin_namespace_for = twin_namespace_for
+        self.consumer_id = consumer_id
+        self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_tokens_to_remote")
+        self._renew_at: dict[ObjectKey, float] = {}
+        self._written: dict[ObjectKey, tuple[str, str]] = {}  # pod key -> (twin namespace, pod uid)
+
+    def pod_changed(self, key: ObjectKey) -> None:
+        self.queue.add(key)
+
+    def resync(self) -> None:
+        for key in {*self._written, *self._renew_at}:
+            self.queue.add(key)
+
+    async def _ca(self, namespace: str) -> str:
+        try:
+            cm = await self.consumer.get(CONFIGMAPS, "kube-root-ca.crt", namespace)
+        except NotFound:
+            return ""
+        return str((cm.get("data") or {}).get("ca.crt") or "")
+
+    async def reconcile(self, key: ObjectKey) -> Requeue | None:
+        log = object_logger(logger, "Pod", key)
+        pod = self.pods.get(key)
+        if pod is None or pod["metadata"].get("deletionTimestamp") or not has_token_volume(pod):
+            await self._remove(key, log)
+            return None
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            await self._remove(key, log)
+            return None
+        twin_ns = self.twin_namespace_for(key.namespace or "")
+        if twin_ns is None:
+            return None
+        due = self._renew_at.get(key)
+        if (
+            due is not None
+            and time.time() < due
+            and self._written.get(key) == (twin_ns, pod["metadata"]["uid"])
+        ):
+            return Requeue(max(1.0, due - time.time()))
+        return await self._write(pod, twin_ns, log)
+
+    async def _write(self, pod: RawObject, twin_ns: str, log: object) -> Requeue:
+        meta = pod["metadata"]
+        key = ObjectKey(meta["namespace"], meta["name"])
+        account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        answer = await self.consumer.create(
+            SERVICEACCOUNTS, token_request(pod), meta["namespace"], name=account, subresource="token"
+        )
+        status = answer.get("status") or {}
+        expires = str(status.get("expirationTimestamp") or "")
+        body = token_secret(
+            pod,
+            token=str(status.get("token") or ""),
+            ca_pem=await self._ca(meta["namespace"]),
+            namespace=twin_ns,
+            consumer_id=self.consumer_id,
+            expires=expires,
+        )
+        name = body["metadata"]["name"]
+        try:
+            await self.provider.create(SECRETS, body, twin_ns)
+        except AlreadyExists:
+            current = await self.provider.get(SECRETS, name, twin_ns)
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            await self.provider.replace(SECRETS, name, body, twin_ns)
+        _ISSUED.inc()
+        issued, until = time.time(), _expiry(expires) if expires else time.time() + 3600
+        self._renew_at[key] = issued + RENEW_AT * max(60.0, until - issued)
+        self._written[key] = (twin_ns, meta["uid"])
+        object_logger(logger, "Pod", key).info(
+            "token for %s written to %s/%s, valid until %s", account, twin_ns, name, expires
+        )
+        return Requeue(max(1.0, self._renew_at[key] - time.time()))
+
+    async def _remove(self, key: ObjectKey, log: object) -> None:
+        self._renew_at.pop(key, None)
+        written = self._written.pop(key, None)
+        twin_ns = written[0] if written else self.twin_namespace_for(key.namespace or "")
+        if twin_ns is None:
+            return
+        try:
+            await self.provider.delete(SECRETS, token_secret_name(key.name), twin_ns)
+        except (NotFound, Conflict):
+            return
+        object_logger(logger, "Pod", key).info("token Secret in %s deleted", twin_ns)
+
+    async def ensure_for(self, pod: RawObject) -> None:
+        """Write the token Secret ``pod`` needs now (before its twin is created)."""
+        if not has_token_volume(pod):
+            return
+        twin_ns = self.twin_namespace_for(pod["metadata"]["namespace"])
+        if twin_ns is not None:
+            await self._write(pod, twin_ns, logger)
+
+    async def stop(self) -> None:
+        self.queue.shutdown()
