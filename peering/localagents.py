@@ -15,6 +15,7 @@ whose process died is started again; ``stop`` ends it (SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -106,18 +107,24 @@ def ensure_agent(role: str, cluster_id: str, kubeconfig: str | os.PathLike[str])
     return agent, True
 
 
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
 def stop_agent(agent: Agent, *, grace: float = 10.0) -> bool:
     """Stop the agent's process (if alive) and forget it; returns whether one was running."""
     pid = agent.pid()
     if pid is not None:
-        os.kill(pid, signal.SIGTERM)
+        # the agent leads its own process group (start_new_session): its children, the
+        # virtual kubelets, get the signal too and cannot be left behind
+        _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and agent.pid() is not None:
             time.sleep(0.1)
-        if agent.pid() is not None:
-            os.kill(pid, signal.SIGKILL)
-            while agent.pid() is not None:
-                time.sleep(0.05)
+        _signal_group(pid, signal.SIGKILL)
+        while agent.pid() is not None:
+            time.sleep(0.05)
     for name in ("pid", "cmdline", "agent.json"):
         (agent.directory / name).unlink(missing_ok=True)
     return pid is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 from pathlib import Path
 
 from kube.clients import KubeClient
@@ -15,6 +16,11 @@ from .app import run_consumer
 
 
 async def _main(args: argparse.Namespace, kubeconfig: Path | None) -> None:
+    # SIGTERM (gpuferry agents stop, a pod's termination) ends the agent cleanly: its virtual
+    # kubelets are stopped by the supervisor instead of being orphaned
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     async with KubeClient.from_config(kubeconfig, args.context, settings=ClientSettings.from_env()) as client:
         await run_consumer(
             client,
@@ -44,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     setup_logging(LoggingSettings.from_env())
-    with contextlib.suppress(KeyboardInterrupt):
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
         asyncio.run(_main(args, Path(args.kubeconfig).resolve() if args.kubeconfig else None))
     return 0
 

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from peering import localagents
+from peering.localagents import all_agents, ensure_agent, stop_agent
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_an_agent_is_started_once_and_stopped_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFERRY_CACHE", str(tmp_path))
+    monkeypatch.setitem(localagents.ROLES, "sleeper", "tests.unit.peering.sleeper")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    agent, started = ensure_agent("sleeper", "c1", kubeconfig)
+    assert started
+    assert ensure_agent("sleeper", "c1", kubeconfig) == (agent, False), "a running agent is reused"
+    pid = agent.pid()
+    assert pid is not None and [a.cluster_id for a in all_agents()] == ["c1"]
+    for _ in range(100):  # the agent prints its child's pid once it started it
+        text = agent.log.read_text().splitlines()
+        if text and text[-1].strip().isdigit():
+            break
+        time.sleep(0.05)
+    child = int(agent.log.read_text().splitlines()[-1])
+    assert _alive(child)
+
+    assert stop_agent(agent, grace=2)
+    assert agent.pid() is None and all_agents() == []
+    for _ in range(50):
+        if not _alive(child):
+            break
+        time.sleep(0.05)
+    assert not _alive(child), "the agent's children are stopped with it"
+    assert not stop_agent(agent), "stopping twice is a no-op"
