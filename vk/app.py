@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -35,6 +35,7 @@ from .kubelet.certificates import ServingCertificate
 from .node.controller import NodeController
 from .node.lease import LEASE_NAMESPACE
 from .reflection.accessories import AccessoryReflector
+from .reflection.addresses import PeerNetworkFollower
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.pods import PodReflector, refresh_phase_gauge
 from .reflection.tokens import TokenReflector
@@ -106,16 +107,28 @@ async def _serve_kubelet_api(
 ) -> None:
     node = settings.effective_node_name
     ctx = KubeletContext(
-        node_name=node, provider=provider, local_pod=local.get, twin_pod=remote.get,
-        local_keys=local.keys, started=datetime.datetime.now(datetime.UTC),
+        node_name=node,
+        provider=provider,
+        local_pod=local.get,
+        twin_pod=remote.get,
+        local_keys=local.keys,
+        started=datetime.datetime.now(datetime.UTC),
     )
     certificate = ServingCertificate(
-        consumer, node_name=node, addresses=(settings.node_address,),
-        self_approve=settings.kubelet_csr_self_approve, expiration_seconds=settings.kubelet_cert_seconds,
+        consumer,
+        node_name=node,
+        addresses=(settings.node_address,),
+        self_approve=settings.kubelet_csr_self_approve,
+        expiration_seconds=settings.kubelet_cert_seconds,
         sign_timeout=120.0,
     )
-    await serve_kubelet_api(consumer=consumer, ctx=ctx, certificate=certificate,
-                            host=settings.node_address, port=settings.kubelet_port)
+    await serve_kubelet_api(
+        consumer=consumer,
+        ctx=ctx,
+        certificate=certificate,
+        host=settings.node_address,
+        port=settings.kubelet_port,
+    )
 
 
 def _provider_client(settings: VirtualKubeletSettings) -> KubeClient:
@@ -301,6 +314,19 @@ async def run(settings: VirtualKubeletSettings) -> None:
             accessories=accessories,
         )
 
+        def remap_changed(function: Callable[[str], str]) -> None:
+            reflector.remap_ip = function
+            for key in local:  # every status again, in the new view
+                queue.add(key)
+
+        addresses = PeerNetworkFollower(
+            consumer,
+            namespace=settings.peer_network_namespace,
+            provider_id=settings.provider_cluster_id,
+            on_change=remap_changed,
+            settings=settings.watch,
+        )
+
         def retry_gated() -> None:
             for key in reflector.gated_keys():
                 queue.add(key)
@@ -312,6 +338,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             "watch_provider_twins": remote.run(),
             "sync_pods_to_remote": _sync_pods(queue, reflector, settings),
             "resync": _resync(queue, reflector, accessories, settings.resync_seconds),
+            "follow_peer_network": addresses.run(),
         }
         for accessory in accessories:
             roots[f"sync_{accessory.kind}_to_remote"] = run_workers(

@@ -44,6 +44,8 @@ class VirtualKubeletSettings:
     empty: an admin identity (tests, development) watches provider Nodes and Pods directly."""
     slice_name: str = ""
     """The GPUSlice (in ``tenant_namespace``) whose per-node grant is the room pods fit into."""
+    peer_network_namespace: str = "gpuferry-system"
+    """Where the consumer's PeerNetwork for this provider lives (its remapped pod CIDRs)."""
     service_account_tokens: bool = True
     """Give twins their consumer pod's service-account token (TokenRequest on the consumer,
     refreshed) in place of the projected token the provider would issue; False drops the volume."""

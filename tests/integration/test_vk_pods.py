@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import AlreadyExists, NotFound
 from kube.kubeconfigs import Connection
 from kube.objects import (
     CONFIGMAPS,
@@ -592,3 +592,72 @@ async def test_the_twin_gets_its_consumer_pods_service_account_token(
 
     await consumer_client.delete(PODS, "caller", ns)
     await wait_for_deletion(provider_client, SECRETS, "caller-gpuferry-token", vk.twin_ns(ns), timeout=30)
+
+
+PEERNET_NS = "gpuferry-test-peernet"
+
+
+@pytest.mark.parametrize("vk", [{"peer_network_namespace": PEERNET_NS}], indirect=True)
+async def test_pod_ips_are_reported_in_the_view_the_network_fabric_publishes(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    from netfabric.keys import generate_private_key, public_key
+    from peering.crds import ensure_crds
+    from vk.reflection.addresses import PEERNETWORKS
+
+    await ensure_crds(consumer_client)
+    with contextlib.suppress(AlreadyExists):
+        await consumer_client.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PEERNET_NS}}
+        )
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("remapped", 1), ns)
+    before = await wait_for(consumer_client, PODS, "remapped", running, namespace=ns, timeout=30)
+    twin_ip = (await provider_client.get(PODS, "remapped", vk.twin_ns(ns)))["status"]["podIP"]
+    assert before["status"]["podIP"] == twin_ip, "no PeerNetwork yet: the provider's address"
+
+    # the fabric comes up and publishes the provider's pods as 10.70.0.0/16 in our view
+    peer: RawObject = {
+        "apiVersion": PEERNETWORKS.api_version,
+        "kind": PEERNETWORKS.kind,
+        "metadata": {"name": vk.settings.provider_cluster_id},
+        "spec": {
+            "clusterID": vk.settings.provider_cluster_id,
+            "podCIDRs": ["10.244.0.0/16"],
+            "serviceCIDRs": ["10.96.0.0/16"],
+            "publicKey": public_key(generate_private_key()),
+        },
+    }
+    await consumer_client.create(PEERNETWORKS, peer, PEERNET_NS)
+    try:
+        await consumer_client.patch(
+            PEERNETWORKS,
+            peer["metadata"]["name"],
+            {"status": {"remappedPodCIDRs": ["10.70.0.0/16"]}},
+            PEERNET_NS,
+            subresource="status",
+        )
+        expected = "10.70." + twin_ip.split(".", 2)[2]
+        remapped = await wait_for(
+            consumer_client,
+            PODS,
+            "remapped",
+            lambda p: p["status"].get("podIP") == expected,
+            namespace=ns,
+            timeout=20,
+        )
+        assert remapped["status"]["podIPs"] == [{"ip": expected}]
+    finally:
+        await consumer_client.delete(PEERNETWORKS, peer["metadata"]["name"], PEERNET_NS)
+    # the fabric goes away: back to the provider's addresses
+    await wait_for(
+        consumer_client,
+        PODS,
+        "remapped",
+        lambda p: p["status"].get("podIP") == twin_ip,
+        namespace=ns,
+        timeout=20,
+    )

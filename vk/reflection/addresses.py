@@ -1,0 +1,89 @@
+"""Follows the PeerNetwork of this node's provider: the remapped pod CIDRs the fabric published.
+
+The virtual kubelet reports a twin's ``podIP`` in the consumer's view. When the PeerNetwork for
+the provider (``spec.clusterID``) appears or its ``status.remappedPodCIDRs`` change, the pod
+reflector gets a new remapping function and every pod's status is reconciled again. Without a
+PeerNetwork (peered with ``--no-network``, or the fabric not up yet) addresses are reported as the
+provider has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from kube.clients import KubeClient
+from kube.errors import KubeError
+from kube.objects import ObjectKey, RawObject, Resource
+from kube.settings import WatchSettings
+from kube.watching import Listed, backoff_delay, watch_objects
+
+from ..forge.addresses import identity, remapper
+
+__all__ = ["PEERNETWORKS", "PeerNetworkFollower"]
+
+logger = logging.getLogger(__name__)
+
+PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
+
+
+class PeerNetworkFollower:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        namespace: str,
+        provider_id: str,
+        on_change: Callable[[Callable[[str], str]], None],
+        settings: WatchSettings | None = None,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.provider_id = provider_id
+        self.on_change = on_change
+        self.settings = settings or WatchSettings()
+        self._objects: dict[ObjectKey, RawObject] = {}
+        self._current: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+    def _apply(self) -> None:
+        ours = [
+            o for o in self._objects.values() if (o.get("spec") or {}).get("clusterID") == self.provider_id
+        ]
+        spec = (ours[0].get("spec") or {}) if ours else {}
+        status = (ours[0].get("status") or {}) if ours else {}
+        pair = (tuple(spec.get("podCIDRs") or ()), tuple(status.get("remappedPodCIDRs") or ()))
+        if pair == self._current:
+            return
+        self._current = pair
+        function = remapper(*pair) if ours else identity
+        logger.info(
+            "provider %s pod addresses: %s",
+            self.provider_id,
+            f"{list(pair[0])} seen as {list(pair[1])}" if function is not identity else "as they are",
+        )
+        self.on_change(function)
+
+    async def run(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async for item in watch_objects(
+                    self.client, PEERNETWORKS, namespace=self.namespace, settings=self.settings
+                ):
+                    failures = 0
+                    if isinstance(item, Listed):
+                        for key in [k for k in self._objects if k not in item.keys]:
+                            del self._objects[key]
+                    elif item.type == "DELETED":
+                        self._objects.pop(item.key, None)
+                    else:
+                        self._objects[item.key] = item.object
+                    self._apply()
+            except KubeError as exc:  # e.g. the CRD is not installed: addresses stay as they are
+                failures += 1
+                delay = backoff_delay(failures, self.settings)
+                logger.warning(
+                    "watch of PeerNetworks in %s failed (%s); retrying in %.1fs", self.namespace, exc, delay
+                )
+                await asyncio.sleep(delay)
