@@ -37,6 +37,7 @@ from .node.lease import LEASE_NAMESPACE
 from .reflection.accessories import AccessoryReflector
 from .reflection.addresses import PeerNetworkFollower
 from .reflection.caches import PodCache, consumer_key, twin_key_for
+from .reflection.events import EventReflector
 from .reflection.pods import PodReflector, refresh_phase_gauge
 from .reflection.tokens import TokenReflector
 from .reflection.twins import TwinNamespaces
@@ -222,10 +223,14 @@ async def run(settings: VirtualKubeletSettings) -> None:
         queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
         accessories: list[AccessoryReflector | TokenReflector] = []
 
+        events: list[EventReflector] = []
+
         def local_pod_changed(key: ObjectKey) -> None:
             queue.add(key)
             for reflector_ in accessories:
                 reflector_.pod_changed(key)
+            for events_ in events:
+                events_.pod_changed(key)
 
         local = PodCache(
             "consumer",
@@ -302,6 +307,16 @@ async def run(settings: VirtualKubeletSettings) -> None:
                     settings=settings.watch,
                 )
             )
+        events.append(
+            EventReflector(
+                consumer=consumer,
+                provider=provider,
+                pods=local,
+                twin_namespace_for=twin_namespace_for,
+                node=settings.effective_node_name,
+                settings=settings.watch,
+            )
+        )
         reflector = PodReflector(
             consumer=consumer,
             provider=provider,
@@ -358,3 +373,5 @@ async def run(settings: VirtualKubeletSettings) -> None:
             queue.shutdown()
             for accessory in accessories:
                 await accessory.stop()
+            for events_ in events:
+                await events_.stop()

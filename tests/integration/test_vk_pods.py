@@ -661,3 +661,34 @@ async def test_pod_ips_are_reported_in_the_view_the_network_fabric_publishes(
         namespace=ns,
         timeout=20,
     )
+
+
+async def test_provider_events_about_a_twin_show_on_the_consumer_pod_once(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    ns = await make_namespace(consumer_client)
+    created = await consumer_client.create(PODS, pod("observed", 1), ns)
+    await wait_for(consumer_client, PODS, "observed", running, namespace=ns, timeout=30)
+    twin = await provider_client.get(PODS, "observed", vk.twin_ns(ns))
+
+    def from_provider(events: list[RawObject]) -> list[RawObject]:
+        return [
+            e for e in events if (e.get("source") or {}).get("component", "").startswith("gpuferry/provider")
+        ]
+
+    selector = f"involvedObject.uid={created['metadata']['uid']}"
+    for _ in range(100):
+        reflected = from_provider((await consumer_client.list(EVENTS, ns, field_selector=selector))["items"])
+        if any(e["reason"] == "Scheduled" for e in reflected):
+            break
+        await asyncio.sleep(0.2)
+    (scheduled,) = [e for e in reflected if e["reason"] == "Scheduled"]
+    assert twin["spec"]["nodeName"] in scheduled["message"], "where the provider placed it"
+    assert scheduled["source"]["component"] == "gpuferry/provider default-scheduler"
+    # later updates and relists of the provider events add nothing twice
+    await asyncio.sleep(6)
+    again = from_provider((await consumer_client.list(EVENTS, ns, field_selector=selector))["items"])
+    assert sorted(e["metadata"]["name"] for e in again) == sorted(e["metadata"]["name"] for e in reflected)

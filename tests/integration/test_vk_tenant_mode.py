@@ -126,6 +126,7 @@ RW = ["get", "list", "watch", "create", "update", "patch", "delete"]
 TWIN_RULES = [  # as the provider controller binds them in twin namespaces (pods, copies, tokens)
     {"apiGroups": [""], "resources": ["pods"], "verbs": RW},
     {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": RW},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
 ]
 
 
