@@ -122,8 +122,13 @@ async def test_partial_grant_and_denial_with_reason(controller: None, provider_c
     assert denied["status"]["granted"] == {}
     cond = {c["type"]: c for c in denied["status"]["conditions"]}
     assert cond["Denied"]["status"] == "True" and cond["Accepted"]["status"] == "False"
-    events = (await provider_client.list(EVENTS, tenant_namespace(late),
-                                         field_selector="involvedObject.name=slice"))["items"]
+    # the Event is recorded right after the status is written: it may be a moment behind
+    for _ in range(50):
+        events = (await provider_client.list(EVENTS, tenant_namespace(late),
+                                             field_selector="involvedObject.name=slice"))["items"]
+        if events:
+            break
+        await asyncio.sleep(0.2)
     assert [(e["type"], e["reason"]) for e in events] == [("Warning", "InsufficientGPUs")], events
 
     # when the first tenant lets go, the second one's request is granted
