@@ -9,6 +9,7 @@ orjson; nothing is converted to kubernetes-asyncio models.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -18,7 +19,7 @@ from typing import Any, Literal, Self
 import aiohttp
 import orjson
 
-from .errors import KubeError, from_exception, from_response
+from .errors import KubeError, TooManyRequests, from_exception, from_response
 from .kubeconfigs import SERVICE_ACCOUNT_DIR, Connection, in_cluster, load_kubeconfig, load_kubeconfig_data
 from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
@@ -161,8 +162,30 @@ class KubeClient:
         """Send one request and return the decoded JSON answer (``{}`` for an empty body).
 
         ``json`` is encoded with orjson; ``data`` is sent as is. ``key`` names the object in
-        the error raised for a non-2xx answer.
+        the error raised for a non-2xx answer. A 429 is retried ``throttle_retries`` times
+        after its ``Retry-After`` before it is raised.
         """
+        for attempt in range(self.settings.throttle_retries + 1):
+            try:
+                return await self._request_once(method, path, params, json, data, headers, key=key)
+            except TooManyRequests as exc:
+                if attempt >= self.settings.throttle_retries:
+                    raise
+                wait = exc.retry_after if exc.retry_after is not None else 0.5 * 2**attempt
+                await asyncio.sleep(min(wait, self.settings.throttle_max_wait))
+        raise AssertionError("unreachable")
+
+    async def _request_once(
+        self,
+        method: str,
+        path: str,
+        params: Params | None,
+        json: Any,
+        data: bytes | None,
+        headers: Mapping[str, str] | None,
+        *,
+        key: ObjectKey | None,
+    ) -> RawObject:
         hdrs = await self._headers(headers)
         if json is not None:
             data = orjson.dumps(json)

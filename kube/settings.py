@@ -96,6 +96,11 @@ class ClientSettings(_FromEnv):
     """Connections kept to the API server; every open watch holds one."""
     user_agent: str = "gpuferry"
     """``User-Agent`` header, shown in API server audit logs and APF flow schemas."""
+    throttle_retries: int = 3
+    """Times a non-streaming request answered 429 (API priority and fairness, or "storage is
+    (re)initializing" just after a CRD appears) is sent again after ``Retry-After`` (capped at
+    ``throttle_max_wait``), as client-go does, before the error reaches the caller."""
+    throttle_max_wait: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,11 +110,22 @@ async def test_non_2xx_is_raised_classified(
     assert str(raised.value.object_key) == f"{NS}/a"  # type: ignore[attr-defined]
 
 
-async def test_429_carries_retry_after(fake: FakeApi, client: KubeClient) -> None:
+async def test_429_carries_retry_after(fake: FakeApi, kubeconfig: Path) -> None:
     fake.faults = [Fault(429, "TooManyRequests", headers={"Retry-After": "3"})]
-    with pytest.raises(TooManyRequests) as raised:
-        await client.list(CONFIGMAPS, NS)
+    settings = ClientSettings(qps=0, throttle_retries=0)
+    async with KubeClient.from_kubeconfig(kubeconfig, settings=settings) as client:
+        with pytest.raises(TooManyRequests) as raised:
+            await client.list(CONFIGMAPS, NS)
     assert raised.value.retry_after == 3.0
+
+
+async def test_429_is_retried_after_retry_after_then_raised(fake: FakeApi, client: KubeClient) -> None:
+    fake.faults = [Fault(429, "TooManyRequests", headers={"Retry-After": "0"})] * 2
+    answer = await client.get(CONFIGMAPS, "a", NS)  # third try answers
+    assert answer["method"] == "GET" and len(fake.requests) == 3
+    fake.faults = [Fault(429, "TooManyRequests", headers={"Retry-After": "0"})] * 4
+    with pytest.raises(TooManyRequests):
+        await client.get(CONFIGMAPS, "a", NS)  # 1 + 3 retries, all throttled
 
 
 async def test_request_timeout(fake: FakeApi, kubeconfig: Path) -> None:
