@@ -11,20 +11,35 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = [
+    "CLUSTERROLEBINDINGS",
+    "CLUSTERROLES",
     "CONFIGMAPS",
     "CRDS",
     "CSRS",
+    "DEPLOYMENTS",
     "ENDPOINTSLICES",
     "EVENTS",
+    "FOREIGNCLUSTERS",
+    "GPUSLICES",
     "JOBS",
     "LEASES",
+    "LIMITRANGES",
+    "MUTATINGADMISSIONPOLICIES",
+    "MUTATINGADMISSIONPOLICYBINDINGS",
+    "NAMESPACEOFFLOADINGS",
     "NAMESPACES",
     "NODES",
+    "PEERNETWORKS",
     "PODS",
     "RESOURCEQUOTAS",
+    "ROLEBINDINGS",
+    "ROLES",
     "SECRETS",
+    "SELFSUBJECTREVIEWS",
     "SERVICEACCOUNTS",
     "SERVICES",
+    "TENANTS",
+    "VIRTUALNODES",
     "ObjectKey",
     "RawObject",
     "Resource",
@@ -126,6 +141,44 @@ JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 CRDS = Resource(
     "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False
 )
+
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
+LIMITRANGES = Resource("", "v1", "limitranges", "LimitRange", namespaced=True)
+ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
+ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
+CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False)
+CLUSTERROLEBINDINGS = Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False
+)
+SELFSUBJECTREVIEWS = Resource(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False
+)
+MUTATINGADMISSIONPOLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicies",
+    "MutatingAdmissionPolicy",
+    namespaced=False,
+)
+MUTATINGADMISSIONPOLICYBINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "mutatingadmissionpolicybindings",
+    "MutatingAdmissionPolicyBinding",
+    namespaced=False,
+)
+
+# gpuferry's own kinds (charts/gpuferry/crds): one vocabulary that vk, peering and netfabric share
+FOREIGNCLUSTERS = Resource(
+    "core.gpuferry.io", "v1alpha1", "foreignclusters", "ForeignCluster", namespaced=False
+)
+TENANTS = Resource("core.gpuferry.io", "v1alpha1", "tenants", "Tenant", namespaced=True)
+GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
+VIRTUALNODES = Resource("offloading.gpuferry.io", "v1alpha1", "virtualnodes", "VirtualNode", namespaced=True)
+NAMESPACEOFFLOADINGS = Resource(
+    "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
+)
+PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:

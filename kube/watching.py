@@ -129,9 +129,14 @@ async def watch_objects(
     label_selector: str | None = None,
     field_selector: str | None = None,
     settings: WatchSettings | None = None,
+    retry_permanent: bool = False,
     _iterations: int | None = None,
 ) -> AsyncIterator[WatchEvent | Listed]:
     """Endless list+watch of ``resource``; see the module docstring for the behaviour.
+
+    ``retry_permanent`` is for long-lived loops that must outlive a 403 or 404 (RBAC not bound
+    yet, a CRD not installed yet, a namespace being made): such an error is logged and the
+    resource listed again after the same backoff, instead of being raised.
 
     ``_iterations`` (tests only) ends the generator after that many connection attempts (each
     LIST or WATCH request, failed or not, counts as one).
@@ -179,9 +184,11 @@ async def watch_objects(
             else:
                 error = from_exception(raw)
             if not is_temporary(error):
-                if error is raw:
-                    raise
-                raise error from raw
+                if not retry_permanent:
+                    if error is raw:
+                        raise
+                    raise error from raw
+                rv = None  # whatever was denied or missing, start again from a list
             failures += 1
             retry_after = error.retry_after if isinstance(error, TooManyRequests) else None
             delay = backoff_delay(failures, settings, retry_after)

@@ -14,7 +14,7 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
-from kube.objects import SECRETS, ObjectKey, RawObject, Resource
+from kube.objects import PEERNETWORKS, SECRETS, ObjectKey, RawObject
 from kube.patching import patch_status
 from netfabric.keys import generate_private_key, validate_key
 
@@ -27,7 +27,6 @@ __all__ = [
     "write_status",
 ]
 
-PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
 KEY_SECRET_TYPE = "gpuferry.io/wireguard-key"
 _KEY = "privateKey"
 

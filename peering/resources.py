@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from kube.objects import Resource
+from kube.objects import GPUSLICES, LIMITRANGES, NAMESPACEOFFLOADINGS, ROLEBINDINGS, ROLES, TENANTS
 
 __all__ = [
     "CONSUMERS_GROUP",
@@ -33,14 +33,6 @@ __all__ = [
     "twin_namespace_name",
 ]
 
-TENANTS = Resource("core.gpuferry.io", "v1alpha1", "tenants", "Tenant", namespaced=True)
-GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
-NAMESPACEOFFLOADINGS = Resource(
-    "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
-)
-ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
-ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
-LIMITRANGES = Resource("", "v1", "limitranges", "LimitRange", namespaced=True)
 
 MANAGED_BY = "gpuferry"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -33,14 +33,13 @@ from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.logs import object_logger
 from kube.metrics import counter, gauge
-from kube.objects import ObjectKey, RawObject, Resource
+from kube.objects import VIRTUALNODES, ObjectKey, RawObject
 from kube.watching import Listed, watch_objects
 
 __all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor"]
 
 logger = logging.getLogger(__name__)
 
-VIRTUALNODES = Resource("offloading.gpuferry.io", "v1alpha1", "virtualnodes", "VirtualNode", namespaced=True)
 
 EXIT_GONE = 0
 EXIT_INVALID = 2

@@ -9,7 +9,7 @@ from kube.clients import KubeClient
 from kube.objects import RawObject, Resource
 from kube.watching import Listed, watch_objects
 
-__all__ = ["PeeringError", "Progress", "quiet", "wait_gone", "wait_until"]
+__all__ = ["PeeringError", "Progress", "quiet", "wait_gone", "wait_none", "wait_until"]
 
 Progress = Callable[[str], None]
 """Called with one line per step done (the CLI prints them)."""
@@ -24,15 +24,23 @@ def quiet(_: str) -> None:
     pass
 
 
-async def wait_until(client: KubeClient, resource: Resource, name: str, namespace: str | None,
-                     check: Callable[[RawObject], str | None], timeout: float, what: str) -> RawObject:
+async def wait_until(
+    client: KubeClient,
+    resource: Resource,
+    name: str,
+    namespace: str | None,
+    check: Callable[[RawObject], str | None],
+    timeout: float,
+    what: str,
+) -> RawObject:
     """Watch ``name`` until ``check`` returns "" (done) or a non-empty failure message."""
     last: RawObject | None = None
 
     async def watch() -> RawObject:
         nonlocal last
-        async for item in watch_objects(client, resource, namespace=namespace,
-                                        field_selector=f"metadata.name={name}"):
+        async for item in watch_objects(
+            client, resource, namespace=namespace, field_selector=f"metadata.name={name}"
+        ):
             if isinstance(item, Listed) or item.type == "DELETED":
                 continue
             last = item.object
@@ -53,13 +61,15 @@ async def wait_until(client: KubeClient, resource: Resource, name: str, namespac
         raise PeeringError(f"{what} not ready after {timeout:.0f}s: {detail}") from None
 
 
-async def wait_gone(client: KubeClient, resource: Resource, name: str, namespace: str | None,
-                    timeout: float) -> None:
+async def wait_gone(
+    client: KubeClient, resource: Resource, name: str, namespace: str | None, timeout: float
+) -> None:
     """Until ``name`` no longer exists; PeeringError after ``timeout`` seconds."""
 
     async def watch() -> None:
-        async for item in watch_objects(client, resource, namespace=namespace,
-                                        field_selector=f"metadata.name={name}"):
+        async for item in watch_objects(
+            client, resource, namespace=namespace, field_selector=f"metadata.name={name}"
+        ):
             if isinstance(item, Listed):
                 if not item.keys:
                     return
@@ -69,5 +79,39 @@ async def wait_gone(client: KubeClient, resource: Resource, name: str, namespace
     try:
         await asyncio.wait_for(watch(), timeout)
     except TimeoutError:
-        raise PeeringError(f"{resource.kind} {namespace + '/' if namespace else ''}{name} "
-                           f"still there after {timeout:.0f}s") from None
+        raise PeeringError(
+            f"{resource.kind} {namespace + '/' if namespace else ''}{name} still there after {timeout:.0f}s"
+        ) from None
+
+
+async def wait_none(
+    client: KubeClient,
+    resource: Resource,
+    namespace: str | None,
+    *,
+    timeout: float,
+    what: str,
+    field_selector: str | None = None,
+    matching: Callable[[RawObject], bool] = lambda _: True,
+) -> None:
+    """Until no ``resource`` object (selected, and ``matching``) is left; PeeringError after
+    ``timeout`` seconds, naming how many are still there."""
+    left: set[object] = set()
+
+    async def watch() -> None:
+        listed = False
+        async for item in watch_objects(client, resource, namespace=namespace, field_selector=field_selector):
+            if isinstance(item, Listed):
+                left.intersection_update(item.keys)
+                listed = True
+            elif item.type == "DELETED" or not matching(item.object):
+                left.discard(item.key)
+            else:
+                left.add(item.key)
+            if listed and not left:
+                return
+
+    try:
+        await asyncio.wait_for(watch(), timeout)
+    except TimeoutError:
+        raise PeeringError(f"{len(left)} {what} still there after {timeout:.0f}s") from None

@@ -20,7 +20,7 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.kubeconfigs import ConfigError
 from kube.metrics import render
-from kube.objects import LEASES, NODES, SECRETS, ObjectKey, Resource
+from kube.objects import LEASES, NODES, SECRETS, VIRTUALNODES, ObjectKey
 from kube.queueing import KeyedQueue
 from kube.reconciling import run_workers
 from kube.tasks import run_supervised
@@ -45,7 +45,6 @@ from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_nod
 
 logger = logging.getLogger(__name__)
 
-VIRTUALNODES = Resource("offloading.gpuferry.io", "v1alpha1", "virtualnodes", "VirtualNode", namespaced=True)
 
 
 def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:

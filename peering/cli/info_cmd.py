@@ -19,7 +19,7 @@ from cryptography import x509
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SECRETS, RawObject
-from kube.quantities import format_quantity, parse_quantity
+from kube.quantities import format_quantity, parse_quantity, sum_requests
 
 from .. import flow
 from ..admission import OFFLOADING_NAME
@@ -36,17 +36,10 @@ _TERMINAL = ("Succeeded", "Failed")
 
 
 def _gpus(pods: Iterable[RawObject]) -> Decimal:
-    """GPUs held by unfinished pods (limits, which for extended resources equal requests)."""
-    total = Decimal(0)
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") in _TERMINAL:
-            continue
-        for c in (pod.get("spec") or {}).get("containers") or ():
-            res = c.get("resources") or {}
-            value = (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU)
-            if value is not None:
-                total += parse_quantity(str(value))
-    return total
+    """GPUs held by unfinished pods, counted as the scheduler counts them."""
+    return sum_requests(p for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL).get(
+        GPU, Decimal(0)
+    )
 
 
 def _q(value: Any) -> Decimal:

@@ -23,7 +23,13 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
-from kube.objects import NAMESPACES, PODS, RawObject, Resource
+from kube.objects import (
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
+    NAMESPACES,
+    PODS,
+    RawObject,
+)
 
 from .. import flow
 from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
@@ -31,28 +37,17 @@ from ..clusterid import read_cluster_id
 from ..crds import ensure_crds
 from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import VIRTUALNODES
+from ..waits import wait_none
 from .common import Progress, UserError, emit
 
 __all__ = ["add_parsers"]
 
-POLICIES = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingadmissionpolicies",
-    "MutatingAdmissionPolicy",
-    namespaced=False,
-)
-BINDINGS = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingadmissionpolicybindings",
-    "MutatingAdmissionPolicyBinding",
-    namespaced=False,
-)
-
 
 async def ensure_admission(client: KubeClient) -> None:
-    for resource, body in ((POLICIES, admission_policy()), (BINDINGS, admission_binding())):
+    for resource, body in (
+        (MUTATINGADMISSIONPOLICIES, admission_policy()),
+        (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
+    ):
         await client.patch(
             resource,
             body["metadata"]["name"],
@@ -208,11 +203,14 @@ async def cmd_unoffload(args: argparse.Namespace) -> int:
         for pod in remote:
             with contextlib.suppress(NotFound):
                 await consumer.delete(PODS, pod["metadata"]["name"], ns)
-        deadline = asyncio.get_running_loop().time() + args.timeout
-        while [p for p in (await consumer.list(PODS, ns))["items"] if p["spec"].get("nodeName") in nodes]:
-            if asyncio.get_running_loop().time() > deadline:
-                raise UserError(f"pods of {ns} on virtual nodes still there after {args.timeout:.0f}s")
-            await asyncio.sleep(0.5)
+        await wait_none(
+            consumer,
+            PODS,
+            ns,
+            timeout=args.timeout,
+            what=f"pods of {ns} on virtual nodes",
+            matching=lambda p: p["spec"].get("nodeName") in nodes,
+        )
         progress.step(f"{len(remote)} offloaded pods removed")
         for entry in (offloading.get("status") or {}).get("remoteNamespaces") or []:
             provider_id = entry["clusterID"]

@@ -14,7 +14,16 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import NAMESPACES, NODES, PODS, RawObject, Resource
+from kube.objects import (
+    FOREIGNCLUSTERS,
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RawObject,
+    Resource,
+)
 from kube.quantities import parse_quantity
 
 from .. import flow
@@ -23,13 +32,11 @@ from ..crds import ensure_crds
 from ..localagents import Agent, ensure_agent, stop_agent
 from ..resources import TENANTS, tenant_namespace
 from ..virtualnodes import VIRTUALNODES
+from ..waits import wait_gone, wait_none
 from .common import Progress, UserError, emit, kubeconfig_context_name, parse_pairs
 
 __all__ = ["FOREIGNCLUSTERS", "add_parsers", "virtual_node_for"]
 
-FOREIGNCLUSTERS = Resource(
-    "core.gpuferry.io", "v1alpha1", "foreignclusters", "ForeignCluster", namespaced=False
-)
 GPU = "nvidia.com/gpu"
 EXIT_DENIED = 3
 
@@ -267,11 +274,9 @@ async def _evict_pods_on(consumer: KubeClient, node: str, progress: Progress, ti
             await consumer.delete(PODS, pod["metadata"]["name"], pod["metadata"]["namespace"])
     if pods:
         progress.note(f"deleting {len(pods)} pods on {node} (their twins go first)")
-    deadline = asyncio.get_running_loop().time() + timeout
-    while (await consumer.list(PODS, field_selector=f"spec.nodeName={node}"))["items"]:
-        if asyncio.get_running_loop().time() > deadline:
-            raise UserError(f"pods on {node} still there after {timeout:.0f}s")
-        await asyncio.sleep(0.5)
+    await wait_none(
+        consumer, PODS, None, field_selector=f"spec.nodeName={node}", timeout=timeout, what=f"pods on {node}"
+    )
 
 
 async def cmd_unpeer(args: argparse.Namespace) -> int:
@@ -296,16 +301,12 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         except NotFound:
             pass
         # the virtual kubelet removes its node; without a running agent nobody would: do it here
-        deadline = asyncio.get_running_loop().time() + 30
-        while True:
-            try:
-                await consumer.get(NODES, node)
-            except NotFound:
-                break
-            if asyncio.get_running_loop().time() > deadline:
-                with contextlib.suppress(NotFound):
-                    await consumer.delete(NODES, node)
-            await asyncio.sleep(0.3)
+        try:
+            await wait_gone(consumer, NODES, node, None, timeout=30)
+        except flow.PeeringError:
+            with contextlib.suppress(NotFound):
+                await consumer.delete(NODES, node)
+            await wait_gone(consumer, NODES, node, None, timeout=args.timeout)
         progress.step(f"virtual node {node} gone")
         removed = await flow.teardown(
             consumer,
@@ -348,21 +349,21 @@ async def _forget_cluster(client: KubeClient, side: str, *, admission: bool) -> 
     """Remove what only existed for peerings: the admission policy (consumer) and the
     ``gpuferry-system`` namespace with the cluster ID (both sides)."""
     from ..admission import BINDING_NAME, POLICY_NAME
-    from .offload_cmds import BINDINGS, POLICIES
 
     removed = []
     if admission:
-        for resource, name in ((BINDINGS, BINDING_NAME), (POLICIES, POLICY_NAME)):
+        for resource, name in (
+            (MUTATINGADMISSIONPOLICYBINDINGS, BINDING_NAME),
+            (MUTATINGADMISSIONPOLICIES, POLICY_NAME),
+        ):
             with contextlib.suppress(NotFound):
                 await client.delete(resource, name)
                 removed.append(f"{side}: {resource.kind}/{name}")
     with contextlib.suppress(NotFound):
         await client.delete(NAMESPACES, flow.CONSUMER_NAMESPACE)
         removed.append(f"{side}: namespace/{flow.CONSUMER_NAMESPACE}")
-        async with asyncio.timeout(120):  # gone, not just terminating: a peer right after needs it gone
-            while True:
-                await client.get(NAMESPACES, flow.CONSUMER_NAMESPACE)
-                await asyncio.sleep(0.3)
+        # gone, not just terminating: a peer right after needs it gone
+        await wait_gone(client, NAMESPACES, flow.CONSUMER_NAMESPACE, None, timeout=120)
     return removed
 
 

@@ -25,9 +25,11 @@ from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound, Unauthorized
 from kube.objects import (
+    CLUSTERROLEBINDINGS,
     CONFIGMAPS,
     CSRS,
     JOBS,
+    MUTATINGADMISSIONPOLICIES,
     NAMESPACES,
     NODES,
     PODS,
@@ -39,20 +41,11 @@ from kube.objects import (
 from peering.localagents import all_agents, stop_agent
 
 from .conftest import NamespaceFactory
+from .relay import kubeconfig_via
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
 
-CLUSTERROLEBINDINGS = Resource(
-    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False
-)
-POLICIES = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingadmissionpolicies",
-    "MutatingAdmissionPolicy",
-    namespaced=False,
-)
 H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
 KWOK_EXECS = Resource("kwok.x-k8s.io", "v1alpha1", "execs", "Exec", namespaced=True)
 JOB = """
@@ -159,7 +152,7 @@ async def snapshot(consumer: KubeClient, provider: KubeClient) -> dict[str, set[
         "provider clusterrolebindings": await names(provider, CLUSTERROLEBINDINGS),
         "consumer namespaces": await names(consumer, NAMESPACES),
         "consumer nodes": await names(consumer, NODES),
-        "consumer admission policies": await names(consumer, POLICIES),
+        "consumer admission policies": await names(consumer, MUTATINGADMISSIONPOLICIES),
     }
 
 
@@ -378,10 +371,15 @@ def gpu_pod(name: str, gpus: int) -> RawObject:
         (["unoffload", "namespace", "default"], "namespace default is not offloaded"),
         (["info", "peer", "nobody"], "no peer called 'nobody'"),
         (["info", "nobody"], "usage: gpuferry info [peer NAME]"),
+        # the provider's API server is down (or a wrong address): said, not a traceback
+        (["peer", "--remote-kubeconfig", "{dead}", "--gpus", "1"], "cannot reach the API server"),
     ],
 )
-async def test_user_errors_are_one_line_and_a_nonzero_exit(cli: Cli, args: list[str], message: str) -> None:
-    argv = [a.format(c=cli.c, p=cli.p) for a in args] + ["--kubeconfig", cli.c]
+async def test_user_errors_are_one_line_and_a_nonzero_exit(
+    cli: Cli, provider: LocalCluster, tmp_path: Path, args: list[str], message: str
+) -> None:
+    dead = kubeconfig_via(provider.spec.kubeconfig, "https://127.0.0.1:1", tmp_path)
+    argv = [a.format(c=cli.c, p=cli.p, dead=dead) for a in args] + ["--kubeconfig", cli.c]
     code, out, err = await cli(*argv)
     assert code != 0
     assert "Traceback" not in err

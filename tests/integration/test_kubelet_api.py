@@ -27,7 +27,18 @@ from cryptography.x509.oid import NameOID
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import CSRS, LEASES, NAMESPACES, NODES, PODS, RawObject, Resource
+from kube.objects import (
+    CLUSTERROLEBINDINGS,
+    CLUSTERROLES,
+    CSRS,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    SERVICEACCOUNTS,
+    RawObject,
+    Resource,
+)
 from vk.app import run
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
@@ -47,11 +58,6 @@ KWOK_LOGS = Resource(KWOK, "v1alpha1", "logs", "Logs", namespaced=True)
 KWOK_EXECS = Resource(KWOK, "v1alpha1", "execs", "Exec", namespaced=True)
 KWOK_ATTACHES = Resource(KWOK, "v1alpha1", "attaches", "Attach", namespaced=True)
 KWOK_PORTFORWARDS = Resource(KWOK, "v1alpha1", "portforwards", "PortForward", namespaced=True)
-CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False)
-CLUSTERROLEBINDINGS = Resource(
-    "rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False
-)
-SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
 
 
 def _free_port() -> int:

@@ -12,42 +12,31 @@ import pytest
 
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import PODS, RawObject, Resource
+from kube.objects import (
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
+    NAMESPACEOFFLOADINGS,
+    PODS,
+    RawObject,
+)
 from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
+from peering.cli.offload_cmds import ensure_admission
 from peering.crds import ensure_crds
 
 from .conftest import NamespaceFactory
 
 pytestmark = pytest.mark.integration
 
-POLICIES = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingadmissionpolicies",
-    "MutatingAdmissionPolicy",
-    namespaced=False,
-)
-BINDINGS = Resource(
-    "admissionregistration.k8s.io",
-    "v1",
-    "mutatingadmissionpolicybindings",
-    "MutatingAdmissionPolicyBinding",
-    namespaced=False,
-)
-OFFLOADINGS = Resource(
-    "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
-)
-
 
 @pytest.fixture
 async def policy(consumer_client: KubeClient) -> AsyncIterator[None]:
     await ensure_crds(consumer_client)
-    for resource, body in ((POLICIES, admission_policy()), (BINDINGS, admission_binding())):
-        await consumer_client.patch(
-            resource, body["metadata"]["name"], body, patch_type="apply", field_manager="gpuferry", force=True
-        )
+    await ensure_admission(consumer_client)  # what `gpuferry offload namespace` applies
     yield
-    for resource, body in ((BINDINGS, admission_binding()), (POLICIES, admission_policy())):
+    for resource, body in (
+        (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
+        (MUTATINGADMISSIONPOLICIES, admission_policy()),
+    ):
         with contextlib.suppress(NotFound):
             await consumer_client.delete(resource, body["metadata"]["name"])
 
@@ -66,12 +55,12 @@ def gpu_pod(name: str, **spec: Any) -> RawObject:
 
 async def offload(client: KubeClient, namespace: str, strategy: str) -> None:
     body = {
-        "apiVersion": OFFLOADINGS.api_version,
-        "kind": OFFLOADINGS.kind,
+        "apiVersion": NAMESPACEOFFLOADINGS.api_version,
+        "kind": NAMESPACEOFFLOADINGS.kind,
         "metadata": {"name": OFFLOADING_NAME},
         "spec": {"podOffloadingStrategy": strategy},
     }
-    await client.create(OFFLOADINGS, body, namespace)
+    await client.create(NAMESPACEOFFLOADINGS, body, namespace)
 
 
 async def admitted(
@@ -146,7 +135,7 @@ async def test_a_provider_restriction_becomes_a_required_node_affinity(
     ns = await make_namespace(consumer_client)
     await offload(consumer_client, ns, "LocalAndRemote")
     await consumer_client.patch(
-        OFFLOADINGS,
+        NAMESPACEOFFLOADINGS,
         OFFLOADING_NAME,
         {"status": {"allowedProviders": ["gpu-farm-a"]}},
         ns,

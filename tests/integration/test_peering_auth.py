@@ -18,7 +18,8 @@ import pytest
 
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound, Unauthorized
-from kube.objects import CSRS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICES, RawObject, Resource
+from kube.objects import CSRS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, SECRETS, SERVICES, RawObject
+from kube.objects import SELFSUBJECTREVIEWS as _SELF_REVIEWS
 from peering.crds import ensure_crds
 from peering.flow import (
     CONSUMER_NAMESPACE,
@@ -50,8 +51,6 @@ def slice_resources(gpus: int) -> dict[str, str | int]:
     """A slice's resources: GPUs and the cpu, memory and pod slots to use them."""
     return {"nvidia.com/gpu": gpus, "cpu": "4", "memory": "8Gi", "pods": 10}
 
-_SELF_REVIEWS = Resource("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview",
-                         namespaced=False)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from kube.errors import AlreadyExists, NotFound
 from kube.kubeconfigs import Connection
 from kube.objects import (
     CONFIGMAPS,
+    DEPLOYMENTS,
     ENDPOINTSLICES,
     EVENTS,
     JOBS,
@@ -32,9 +33,9 @@ from kube.objects import (
     NODES,
     PODS,
     SECRETS,
+    SELFSUBJECTREVIEWS,
     SERVICES,
     RawObject,
-    Resource,
 )
 from kube.watching import Listed, watch_objects
 from vk.app import forge_options, run
@@ -50,10 +51,6 @@ from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
 
 pytestmark = pytest.mark.integration
 
-SELFSUBJECTREVIEWS = Resource(
-    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False
-)
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 H100_SELECTOR = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
 TOLERATION = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
@@ -384,6 +381,7 @@ async def test_allowed_spec_changes_reach_the_twin(
     ns = await make_namespace(consumer_client)
     await consumer_client.create(PODS, pod("evolving", 1), ns)
     await wait_for(consumer_client, PODS, "evolving", running, namespace=ns, timeout=30)
+    before = await provider_client.get(PODS, "evolving", vk.twin_ns(ns))
     await consumer_client.patch(
         PODS,
         "evolving",
@@ -408,7 +406,7 @@ async def test_allowed_spec_changes_reach_the_twin(
     assert twin["metadata"]["labels"]["stage"] == "eval"
     assert twin["metadata"]["annotations"]["team.example.com/owner"] == "ml"
     assert twin["spec"]["activeDeadlineSeconds"] == 3600
-    assert twin["metadata"]["uid"], "patched in place, not recreated"
+    assert twin["metadata"]["uid"] == before["metadata"]["uid"], "patched in place, not recreated"
 
 
 async def test_an_orphan_twin_is_collected_on_resync(

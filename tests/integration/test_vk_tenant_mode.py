@@ -29,7 +29,7 @@ from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.metrics import REGISTRY
-from kube.objects import CSRS, NAMESPACES, NODES, PODS, RawObject, Resource
+from kube.objects import CSRS, GPUSLICES, NAMESPACES, NODES, PODS, ROLEBINDINGS, ROLES, RawObject
 from peering.crds import ensure_crds
 from vk.app import run
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY
@@ -41,9 +41,6 @@ from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
 
-GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
-ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
-ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
 

@@ -53,7 +53,7 @@ from kube.clients import KubeClient
 from kube.errors import Conflict, KubeError, NotFound
 from kube.logs import object_logger
 from kube.metrics import gauge
-from kube.objects import NODES, RawObject, Resource
+from kube.objects import GPUSLICES, NODES, RawObject
 from kube.quantities import ResourceList, parse_quantity, parse_resource_list
 from kube.tasks import run_supervised
 from kube.watching import Listed, watch_objects
@@ -84,7 +84,6 @@ logger = logging.getLogger(__name__)
 DECLARED_FEATURES = ("ExtendWebSocketsToKubelet",)
 """Node features the virtual kubelet declares when it serves the kubelet API (sorted)."""
 
-GPUSLICES = Resource("sharing.gpuferry.io", "v1alpha1", "gpuslices", "GPUSlice", namespaced=True)
 
 MIN_UPDATE_INTERVAL = 1.0
 """Seconds between two Node updates caused by provider changes (a burst makes one update)."""
@@ -196,25 +195,16 @@ class NodeController:
 
     async def _watch_grant(self) -> None:
         ns, name = self.settings.tenant_namespace, self.settings.slice_name
-        failures = 0
-        while True:
-            try:
-                async for item in watch_objects(self.provider, GPUSLICES, namespace=ns,
-                                                field_selector=f"metadata.name={name}",
-                                                settings=self.settings.watch):  # fmt: skip
-                    failures = 0
-                    if isinstance(item, Listed):
-                        if not item.keys:
-                            self.view.set_granted_nodes(None)
-                    elif item.type == "DELETED":
-                        self.view.set_granted_nodes(None)
-                    else:
-                        self.view.set_granted_nodes(item.object)
-            except KubeError as exc:
-                failures += 1
-                delay = _backoff(failures)
-                self.log.error("watch of GPUSlice %s/%s failed (%s); retrying in %.1fs", ns, name, exc, delay)
-                await asyncio.sleep(delay)
+        async for item in watch_objects(self.provider, GPUSLICES, namespace=ns,
+                                        field_selector=f"metadata.name={name}",
+                                        settings=self.settings.watch, retry_permanent=True):  # fmt: skip
+            if isinstance(item, Listed):
+                if not item.keys:
+                    self.view.set_granted_nodes(None)
+            elif item.type == "DELETED":
+                self.view.set_granted_nodes(None)
+            else:
+                self.view.set_granted_nodes(item.object)
 
     async def _wait_twins(self) -> None:
         if self._twins_synced is not None:

@@ -21,11 +21,10 @@ from decimal import Decimal
 from typing import Any
 
 from kube.clients import KubeClient
-from kube.errors import KubeError
 from kube.objects import NODES, PODS, ObjectKey, RawObject, Resource
 from kube.quantities import ResourceList, add, parse_resource_list, sub
 from kube.settings import WatchSettings
-from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
+from kube.watching import Listed, WatchEvent, watch_objects
 
 from ..forge.fit import FitResult, fits_somewhere, placement_request, unschedulable_reason
 from ..forge.labels import PREFIX, virtual_node_identity
@@ -238,18 +237,9 @@ class ProviderView:
                      field_selector: str | None = None) -> None:
         """Watch forever; a permanent error (403 on a scoped identity, say) is logged and the
         watch retried with backoff, never raised."""
-        failures = 0
-        while True:
-            try:
-                async for item in watch_objects(self.provider, resource, field_selector=field_selector,
-                                                settings=self.settings):
-                    failures = 0
-                    handle(item)
-            except KubeError as exc:
-                failures += 1
-                delay = backoff_delay(failures, self.settings)
-                logger.error("watch of provider %s failed (%s); retrying in %.1fs", resource, exc, delay)
-                await asyncio.sleep(delay)
+        async for item in watch_objects(self.provider, resource, field_selector=field_selector,
+                                        settings=self.settings, retry_permanent=True):
+            handle(item)
 
     async def watch_nodes(self) -> None:
         await self._watch(NODES, self.handle_node)

@@ -19,14 +19,14 @@ import logging
 from collections.abc import Callable, Iterable
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from kube.errors import AlreadyExists, Conflict, NotFound
 from kube.logs import object_logger
 from kube.metrics import counter
 from kube.objects import CONFIGMAPS, SECRETS, ObjectKey, RawObject, Resource
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
 from kube.settings import WatchSettings
-from kube.watching import Listed, backoff_delay, watch_objects
+from kube.watching import Listed, watch_objects
 
 from ..forge.accessories import Kind, copy_differs, is_copyable, references, remote_copy
 from ..forge.labels import origin_of
@@ -101,37 +101,20 @@ class AccessoryReflector:
         )
 
     async def _watch(self, namespace: str) -> None:
-        failures = 0
-        while True:
-            try:
-                async for item in watch_objects(
-                    self.consumer, self.resource, namespace=namespace, settings=self.settings
-                ):
-                    failures = 0
-                    if isinstance(item, Listed):
-                        for key in [
-                            k for k in self._objects if k.namespace == namespace and k not in item.keys
-                        ]:
-                            del self._objects[key]
-                            self._wake(key)
-                        self._synced[namespace].set()
-                        continue
-                    if item.type == "DELETED":
-                        self._objects.pop(item.key, None)
-                    else:
-                        self._objects[item.key] = item.object
-                    self._wake(item.key)
-            except KubeError as exc:
-                failures += 1
-                delay = backoff_delay(failures, self.settings)
-                logger.warning(
-                    "watch of consumer %s in %s failed (%s); retrying in %.1fs",
-                    self.kind,
-                    namespace,
-                    exc,
-                    delay,
-                )
-                await asyncio.sleep(delay)
+        async for item in watch_objects(
+            self.consumer, self.resource, namespace=namespace, settings=self.settings, retry_permanent=True
+        ):
+            if isinstance(item, Listed):
+                for key in [k for k in self._objects if k.namespace == namespace and k not in item.keys]:
+                    del self._objects[key]
+                    self._wake(key)
+                self._synced[namespace].set()
+                continue
+            if item.type == "DELETED":
+                self._objects.pop(item.key, None)
+            else:
+                self._objects[item.key] = item.object
+            self._wake(item.key)
 
     def _wake(self, key: ObjectKey) -> None:
         if key in self._copies or self._referenced(key):

@@ -9,15 +9,13 @@ provider has them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 
 from kube.clients import KubeClient
-from kube.errors import KubeError
-from kube.objects import ObjectKey, RawObject, Resource
+from kube.objects import PEERNETWORKS, ObjectKey, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, backoff_delay, watch_objects
+from kube.watching import Listed, watch_objects
 
 from ..forge.addresses import identity, remapper
 
@@ -25,7 +23,6 @@ __all__ = ["PEERNETWORKS", "PeerNetworkFollower"]
 
 logger = logging.getLogger(__name__)
 
-PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
 
 
 class PeerNetworkFollower:
@@ -65,25 +62,15 @@ class PeerNetworkFollower:
         self.on_change(function)
 
     async def run(self) -> None:
-        failures = 0
-        while True:
-            try:
-                async for item in watch_objects(
-                    self.client, PEERNETWORKS, namespace=self.namespace, settings=self.settings
-                ):
-                    failures = 0
-                    if isinstance(item, Listed):
-                        for key in [k for k in self._objects if k not in item.keys]:
-                            del self._objects[key]
-                    elif item.type == "DELETED":
-                        self._objects.pop(item.key, None)
-                    else:
-                        self._objects[item.key] = item.object
-                    self._apply()
-            except KubeError as exc:  # e.g. the CRD is not installed: addresses stay as they are
-                failures += 1
-                delay = backoff_delay(failures, self.settings)
-                logger.warning(
-                    "watch of PeerNetworks in %s failed (%s); retrying in %.1fs", self.namespace, exc, delay
-                )
-                await asyncio.sleep(delay)
+        # retried while the CRD is not installed: addresses stay as they are meanwhile
+        async for item in watch_objects(
+            self.client, PEERNETWORKS, namespace=self.namespace, settings=self.settings, retry_permanent=True
+        ):
+            if isinstance(item, Listed):
+                for key in [k for k in self._objects if k not in item.keys]:
+                    del self._objects[key]
+            elif item.type == "DELETED":
+                self._objects.pop(item.key, None)
+            else:
+                self._objects[item.key] = item.object
+            self._apply()

@@ -55,6 +55,7 @@ class PodCache:
         settings: WatchSettings | None = None,
         namespace: str | None = None,
         on_event: Callable[[WatchEvent | Listed], None] | None = None,
+        retry_permanent: bool = False,
     ) -> None:
         self.name = name
         self._client = client
@@ -65,6 +66,7 @@ class PodCache:
         self._settings = settings
         self.namespace = namespace
         self._on_event = on_event
+        self._retry_permanent = retry_permanent
         self._objects: dict[ObjectKey, RawObject] = {}
         self._watched: dict[ObjectKey, ObjectKey] = {}  # key of the watched object -> consumer key
         self.synced = asyncio.Event()
@@ -99,6 +101,7 @@ class PodCache:
             label_selector=self._label_selector,
             field_selector=self._field_selector,
             settings=self._settings,
+            retry_permanent=self._retry_permanent,
         ):
             if self._on_event is not None:
                 self._on_event(item)

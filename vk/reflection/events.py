@@ -20,7 +20,7 @@ from kube.errors import AlreadyExists, KubeError, NotFound
 from kube.metrics import counter
 from kube.objects import EVENTS, ObjectKey, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, backoff_delay, watch_objects
+from kube.watching import Listed, watch_objects
 
 from .caches import PodCache
 
@@ -104,27 +104,17 @@ class EventReflector:
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def _watch(self, twin_ns: str) -> None:
-        failures = 0
-        while True:
-            try:
-                async for item in watch_objects(
-                    self.provider,
-                    EVENTS,
-                    namespace=twin_ns,
-                    field_selector="involvedObject.kind=Pod",
-                    settings=self.settings,
-                ):
-                    failures = 0
-                    if isinstance(item, Listed) or item.type == "DELETED":
-                        continue
-                    await self._reflect(twin_ns, item.object)
-            except KubeError as exc:
-                failures += 1
-                delay = backoff_delay(failures, self.settings)
-                logger.warning(
-                    "watch of provider events in %s failed (%s); retrying in %.1fs", twin_ns, exc, delay
-                )
-                await asyncio.sleep(delay)
+        async for item in watch_objects(
+            self.provider,
+            EVENTS,
+            namespace=twin_ns,
+            field_selector="involvedObject.kind=Pod",
+            settings=self.settings,
+            retry_permanent=True,
+        ):
+            if isinstance(item, Listed) or item.type == "DELETED":
+                continue
+            await self._reflect(twin_ns, item.object)
 
     async def _reflect(self, twin_ns: str, event: RawObject) -> None:
         involved = event.get("involvedObject") or {}

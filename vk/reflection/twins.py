@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable, Iterator
 
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
-from kube.objects import ObjectKey, RawObject, Resource
+from kube.errors import NotFound
+from kube.objects import NAMESPACEOFFLOADINGS, ObjectKey, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
+from kube.watching import Listed, WatchEvent, watch_objects
 
 from .caches import PodCache
 
@@ -29,9 +29,6 @@ __all__ = ["NAMESPACEOFFLOADINGS", "TwinNamespaces", "twin_mapping"]
 logger = logging.getLogger(__name__)
 
 DEMAND_ANNOTATION = "gpuferry.io/demand"
-NAMESPACEOFFLOADINGS = Resource(
-    "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
-)
 
 
 def twin_mapping(request: RawObject) -> tuple[str, str] | None:
@@ -139,28 +136,15 @@ class TwinNamespaces:
 
     async def run(self) -> None:
         """Watch the requests forever and keep one pod watch per twin namespace."""
-        failures = 0
         try:
-            while True:
-                try:
-                    async for item in watch_objects(
-                        self.client,
-                        NAMESPACEOFFLOADINGS,
-                        namespace=self.tenant_namespace,
-                        settings=self._settings,
-                    ):
-                        failures = 0
-                        self._handle(item)
-                except KubeError as exc:
-                    failures += 1
-                    delay = backoff_delay(failures, self._settings)
-                    logger.error(
-                        "watch of NamespaceOffloadings in %s failed (%s); retrying in %.1fs",
-                        self.tenant_namespace,
-                        exc,
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
+            async for item in watch_objects(
+                self.client,
+                NAMESPACEOFFLOADINGS,
+                namespace=self.tenant_namespace,
+                settings=self._settings,
+                retry_permanent=True,
+            ):
+                self._handle(item)
         finally:
             for task in self._tasks.values():
                 task.cancel()
@@ -209,25 +193,18 @@ class TwinNamespaces:
             settings=self._settings,
             namespace=twin,
             on_event=on_event,
+            retry_permanent=True,  # a namespace just made: its RoleBinding may be a moment behind
         )
         self._caches[twin] = cache
         self._tasks[twin] = asyncio.create_task(self._run_cache(twin, cache), name=f"watch_twins {twin}")
 
     async def _run_cache(self, twin: str, cache: PodCache) -> None:
-        failures = 0
-        while True:
-            try:
-                waiter = asyncio.create_task(cache.synced.wait())
-                waiter.add_done_callback(lambda _: self._update_synced())
-                try:
-                    await cache.run()
-                finally:
-                    waiter.cancel()
-            except KubeError as exc:
-                failures += 1
-                delay = backoff_delay(failures, self._settings)
-                logger.warning("watch of twins in %s failed (%s); retrying in %.1fs", twin, exc, delay)
-                await asyncio.sleep(delay)
+        waiter = asyncio.create_task(cache.synced.wait())
+        waiter.add_done_callback(lambda _: self._update_synced())
+        try:
+            await cache.run()
+        finally:
+            waiter.cancel()
 
     def _update_synced(self) -> None:
         if self._requests_synced.is_set() and all(c.synced.is_set() for c in self._caches.values()):

@@ -265,3 +265,16 @@ def test_backoff_doubles_up_to_the_cap_and_retry_after_wins() -> None:
     assert backoff_delay(4, s, retry_after=7) == 7
     jittered = WatchSettings(backoff_base=1, backoff_max=10, backoff_jitter=0.5)
     assert all(1 <= backoff_delay(1, jittered) <= 1.5 for _ in range(50))
+
+
+async def test_a_long_lived_loop_can_outlive_a_permanent_error(fake: FakeApi, client: KubeClient) -> None:
+    # e.g. the RoleBinding or the CRD is not there yet: 403, then 404, then it works
+    fake.put("a")
+    fake.faults = [Fault(403, "Forbidden"), Fault(404, "NotFound")]
+    items: list[WatchEvent | Listed] = []
+    async for item in watch_objects(
+        client, CONFIGMAPS, namespace=NS, settings=FAST, retry_permanent=True, _iterations=3
+    ):
+        items.append(item)
+    assert summary(items)[:2] == ["ADDED:a", "Listed@101:a"]
+    assert len(fake.lists) == 3
