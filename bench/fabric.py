@@ -3,7 +3,7 @@ NAT) against a plain veth between the same two pod namespaces (the baseline).
 
 Builds the two-cluster namespace topology of tests/netns (both clusters on 10.244.0.0/16), adds a
 veth straight between the consumer's pod and the provider's pod, and measures from the consumer
-pod to the provider pod (by its remapped address 10.70.1.10 through the fabric, by 172.31.0.2 on
+pod to the provider pod (by its remapped address 10.64.1.10 through the fabric, by 172.31.0.2 on
 the veth):
 
 - TCP throughput with iperf3 (Debian's), one stream, ``--seconds`` long;
@@ -37,7 +37,7 @@ from netfabric.wireguard import find_wireguard_go, kernel_wireguard_available
 from tests.netns.fabric import fabric_down, fabric_up, make_fabric
 from tests.netns.topology import Topology, ns_exec, sh, two_clusters
 
-REMOTE_POD1 = "10.70.1.10"
+REMOTE_POD1 = "10.64.1.10"
 BASE_A, BASE_B = "172.31.0.1", "172.31.0.2"
 RR_PORT = 9100
 

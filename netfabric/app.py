@@ -37,7 +37,14 @@ from netfabric.gateway import GatewayPlan, GatewaySettings, gateway_down
 from netfabric.keys import public_key
 from netfabric.model import ClusterNetwork, Remap
 from netfabric.nat import table_name_for
-from netfabric.objects import PEERNETWORKS, ensure_private_key, write_status
+from netfabric.objects import (
+    PEERNETWORKS,
+    delete_private_key,
+    ensure_private_key,
+    publish_public_key,
+    read_private_key,
+    write_status,
+)
 from netfabric.reconciling import reconcile_peer, refresh_status
 from netfabric.wireguard import Backend
 
@@ -46,6 +53,8 @@ __all__ = ["PUBLIC_KEY_ANNOTATION", "GatewayRunner", "remaps_from_status", "run_
 logger = logging.getLogger(__name__)
 
 PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
+"""On the PeerNetwork this gateway reconciles, and on its key Secret: the gateway's public key,
+for the peering to hand to the peer (the Secret's from the start, before any PeerNetwork exists)."""
 
 
 def remaps_from_status(obj: Mapping[str, Any]) -> list[Remap]:
@@ -143,9 +152,12 @@ async def run_gateway(
     """
     if key.namespace is None:
         raise ValueError("a PeerNetwork is namespaced")
+    namespace = key.namespace
     log = object_logger(logger, "PeerNetwork", key)
     private_key = await ensure_private_key(client, namespace=key.namespace, name=key_secret)
     own_key = public_key(private_key)
+    await publish_public_key(client, namespace=key.namespace, name=key_secret, key=own_key,
+                             annotation=PUBLIC_KEY_ANNOTATION)
     log.info("gateway public key %s", own_key)
     runner = GatewayRunner(local=local, settings=settings, private_key=private_key)
     latest: dict[str, RawObject | None] = {}
@@ -153,6 +165,7 @@ async def run_gateway(
     clock = asyncio.get_running_loop().time
 
     async def reconcile_loop() -> None:
+        nonlocal own_key
         next_refresh = 0.0
         while True:
             if "object" not in latest:
@@ -165,13 +178,24 @@ async def run_gateway(
             obj = latest.get("object")
             if obj is None:
                 if "last" in latest:
-                    log.info("PeerNetwork deleted: removing the tunnel")
+                    log.info("PeerNetwork deleted: removing the tunnel and the key")
                     await runner.on_deleted(latest["last"] or {})
+                    await delete_private_key(client, namespace=namespace, name=key_secret)
                     return
                 continue
             generation = (obj.get("metadata") or {}).get("generation")
             if generation == runner.applied_generation and clock() < next_refresh:
                 continue  # our own status write, or a metadata change: wait for the next refresh
+            try:  # a rotated key (the Secret replaced) is applied on the next pass
+                current = await read_private_key(client, namespace=namespace, name=key_secret)
+            except (KubeError, ValueError) as e:
+                log.warning("reading the key Secret %s failed (kept the key in use): %s", key_secret, e)
+                current = runner.private_key
+            if current != runner.private_key:
+                runner.private_key, runner.plan, own_key = current, None, public_key(current)
+                log.info("key rotated: new public key %s", own_key)
+                await publish_public_key(client, namespace=namespace, name=key_secret, key=own_key,
+                                         annotation=PUBLIC_KEY_ANNOTATION)
             status = await runner.on_object(obj)
             next_refresh = clock() + status_interval
             try:

@@ -23,11 +23,9 @@ from netfabric.model import (
 __all__ = ["DEFAULT_POOL", "overlaps", "parse_cidrs", "plan_remaps"]
 
 #: Where remapped peer CIDRs are carved from unless the operator configures another pool.
-#: Two /16s: room for one peer whose pod CIDR is the common 10.244.0.0/16, plus its services when
-#: they are a /16 too (kind's 10.96.0.0/16). kubeadm's default service CIDR 10.96.0.0/12 does not
-#: fit: between two such clusters this pool is exhausted, and the operator must configure a
-#: larger one (e.g. a /10).
-DEFAULT_POOL = IPv4Network("10.70.0.0/15")
+#: A /10 (64 /16s, or 4 /12s): room for several peers whose pod CIDR is the common 10.244.0.0/16
+#: and whose services are kubeadm's 10.96.0.0/12 (local CIDRs inside it are skipped).
+DEFAULT_POOL = IPv4Network("10.64.0.0/10")
 
 
 def parse_cidrs(

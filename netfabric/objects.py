@@ -21,8 +21,11 @@ from netfabric.keys import generate_private_key, validate_key
 __all__ = [
     "KEY_SECRET_TYPE",
     "PEERNETWORKS",
+    "delete_private_key",
     "ensure_private_key",
     "key_secret",
+    "publish_public_key",
+    "read_private_key",
     "rotate_private_key",
     "write_status",
 ]
@@ -59,12 +62,31 @@ def _key_of(secret: Mapping[str, Any]) -> str:
 async def ensure_private_key(client: KubeClient, *, namespace: str, name: str) -> str:
     """The gateway's private key: read from its Secret, or made and stored on first use."""
     try:
-        return _key_of(await client.get(SECRETS, name, namespace))
+        return await read_private_key(client, namespace=namespace, name=name)
     except NotFound:
         pass
     with contextlib.suppress(AlreadyExists):  # another replica won the race: use its key
         await client.create(SECRETS, key_secret(name, namespace, generate_private_key()), namespace)
     return _key_of(await client.get(SECRETS, name, namespace))
+
+
+async def read_private_key(client: KubeClient, *, namespace: str, name: str) -> str:
+    """The key the Secret holds now (`ValueError` when it holds none that is valid)."""
+    return _key_of(await client.get(SECRETS, name, namespace))
+
+
+async def publish_public_key(
+    client: KubeClient, *, namespace: str, name: str, key: str, annotation: str
+) -> None:
+    """Annotate the key Secret with its public key: what the peering hands to the peer."""
+    patch = {"metadata": {"annotations": {annotation: key}}}
+    await client.patch(SECRETS, name, patch, namespace)
+
+
+async def delete_private_key(client: KubeClient, *, namespace: str, name: str) -> None:
+    """Remove the key Secret (the peer is gone); absent already is fine."""
+    with contextlib.suppress(NotFound):
+        await client.delete(SECRETS, name, namespace)
 
 
 async def rotate_private_key(client: KubeClient, *, namespace: str, name: str) -> str:

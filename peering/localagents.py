@@ -5,7 +5,10 @@ clusters of ``hack/``, or any clusters reachable with admin kubeconfigs) ``gpufe
 starts them here instead, one per cluster and role:
 
 * ``provider``: ``python -m peering.provider`` — tenants, identities, grants, twin namespaces;
-* ``consumer``: ``python -m peering.consumer`` — one virtual kubelet per VirtualNode.
+* ``consumer``: ``python -m peering.consumer`` — one virtual kubelet per VirtualNode;
+* ``gateway``: ``python -m netfabric gateway`` — the network fabric's gateway of one cluster
+  towards one peer (``<cluster>`` is then ``<cluster-id>-<peer-id>``), in the network namespace
+  the cluster's declaration names (see :mod:`peering.network`).
 
 Each is detached from the terminal (its own session), logs to a file, and is recorded in
 ``$GPUFERRY_CACHE/agents/<role>-<cluster>/`` (``pid``, ``cmdline``, ``log``), where
@@ -25,9 +28,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "stop_agent"]
+__all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "find_agent", "stop_agent", "wait_exited"]
 
-ROLES = {"provider": "peering.provider", "consumer": "peering.consumer"}
+ROLES = {"provider": "peering.provider", "consumer": "peering.consumer", "gateway": "netfabric"}
 
 
 def agents_dir() -> Path:
@@ -40,6 +43,8 @@ class Agent:
     role: str
     cluster_id: str
     kubeconfig: str
+    args: tuple[str, ...] = ()
+    """Role-specific arguments (a gateway's)."""
 
     @property
     def directory(self) -> Path:
@@ -50,7 +55,9 @@ class Agent:
         return self.directory / "log"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", ROLES[self.role], "--kubeconfig", self.kubeconfig]
+        cmd = [sys.executable, "-m", ROLES[self.role], "--kubeconfig", self.kubeconfig, *self.args]
+        if self.role == "gateway":
+            return cmd
         if self.role == "provider":
             cmd.append("--install-crds")
         else:  # embedded mode, admin kubeconfigs: nobody else would approve the kubelet certificates
@@ -71,7 +78,12 @@ class Agent:
 def _load(directory: Path) -> Agent | None:
     try:
         data = json.loads((directory / "agent.json").read_text())
-        return Agent(role=data["role"], cluster_id=data["cluster_id"], kubeconfig=data["kubeconfig"])
+        return Agent(
+            role=data["role"],
+            cluster_id=data["cluster_id"],
+            kubeconfig=data["kubeconfig"],
+            args=tuple(data.get("args") or ()),
+        )
     except (OSError, ValueError, KeyError):
         return None
 
@@ -83,12 +95,19 @@ def all_agents() -> list[Agent]:
     return [agent for d in sorted(root.iterdir()) if (agent := _load(d)) is not None]
 
 
-def ensure_agent(role: str, cluster_id: str, kubeconfig: str | os.PathLike[str]) -> tuple[Agent, bool]:
+def find_agent(role: str, cluster_id: str) -> Agent | None:
+    """The recorded agent of this role and cluster (alive or not)."""
+    return _load(agents_dir() / f"{role}-{cluster_id}")
+
+
+def ensure_agent(
+    role: str, cluster_id: str, kubeconfig: str | os.PathLike[str], *, args: tuple[str, ...] = ()
+) -> tuple[Agent, bool]:
     """Start the agent unless it runs already; returns it and whether it was started now."""
-    agent = Agent(role=role, cluster_id=cluster_id, kubeconfig=str(Path(kubeconfig).resolve()))
+    agent = Agent(role=role, cluster_id=cluster_id, kubeconfig=str(Path(kubeconfig).resolve()), args=args)
     existing = _load(agent.directory)
     if existing is not None and existing.pid() is not None:
-        if existing.kubeconfig == agent.kubeconfig:
+        if existing.kubeconfig == agent.kubeconfig and existing.args == agent.args:
             return existing, False
         stop_agent(existing)  # the same cluster through another kubeconfig: the new one wins
     agent.directory.mkdir(parents=True, exist_ok=True)
@@ -102,9 +121,21 @@ def ensure_agent(role: str, cluster_id: str, kubeconfig: str | os.PathLike[str])
     (agent.directory / "cmdline").write_text(json.dumps(command))
     (agent.directory / "pid").write_text(str(proc.pid))
     (agent.directory / "agent.json").write_text(
-        json.dumps({"role": role, "cluster_id": cluster_id, "kubeconfig": agent.kubeconfig})
+        json.dumps(
+            {"role": role, "cluster_id": cluster_id, "kubeconfig": agent.kubeconfig, "args": list(args)}
+        )
     )
     return agent, True
+
+
+def wait_exited(agent: Agent, timeout: float) -> bool:
+    """Wait until the agent's process has exited by itself; whether it did within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while agent.pid() is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from .binaries import HACK_DIR, Binaries
+from .network import declaration, remove_network, setup_network
 from .nodes import node_manifest
 from .pki import ClientIdentity, ensure_pki, ensure_server_cert
 from .processes import Component, ComponentFailed, ProcessTable
@@ -287,6 +288,14 @@ class LocalCluster:
                 self._bootstrap()
         self._ensure_nodes(timeout=timeout)
         progress(f"{self.spec.name}: {len(self.spec.nodes)} nodes Ready and schedulable")
+        net = setup_network(self.spec)
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                     input=json.dumps(declaration(self.spec, net)))  # fmt: skip
+        progress(
+            f"{self.spec.name}: network declared"
+            + (f"; gateways run in netns {net.netns}, reached at {net.wan_address}" if net else
+               " (CIDRs only: not root, so no local gateway network; peer with --no-network)")
+        )
 
     def _bootstrap(self) -> None:
         """Objects every real cluster has that no controller makes for us."""
@@ -403,6 +412,8 @@ class LocalCluster:
         stopped = [name for name in reversed(COMPONENTS) if self.procs.stop(name)]
         # anything recorded that is not a known component (should not happen, but leave nothing)
         stopped += [name for name in self.procs.recorded() if self.procs.stop(name)]
+        if remove_network(self.spec):
+            stopped.append("network")
         if not keep_state and self.spec.run_dir.exists():
             shutil.rmtree(self.spec.run_dir)
         if not keep_state:  # the profile folder too, once its last cluster is gone

@@ -34,6 +34,7 @@ from ..resources import TENANTS, tenant_namespace
 from ..virtualnodes import VIRTUALNODES
 from ..waits import wait_gone, wait_none
 from .common import Progress, UserError, emit, kubeconfig_context_name, parse_pairs
+from .network_cmds import network_down, network_up, read_declarations
 
 __all__ = ["FOREIGNCLUSTERS", "add_parsers", "virtual_node_for"]
 
@@ -176,6 +177,9 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             progress.step(f"{side}: gpuferry CRDs installed ({client.base_url})")
         consumer_id, provider_id = await _ids(consumer, provider, args)
         progress.step(f"cluster IDs: consumer {consumer_id}, provider {provider_id}")
+        declarations = None
+        if not args.no_network:  # a missing or wrong declaration stops us before any change
+            declarations = await read_declarations(consumer, provider, embedded=args.agents == "local")
         if args.agents == "local":
             for role, cid, path in (
                 ("provider", provider_id, args.remote_kubeconfig),
@@ -227,6 +231,12 @@ async def cmd_peer(args: argparse.Namespace) -> int:
         progress.step(f"VirtualNode {flow.CONSUMER_NAMESPACE}/{provider_id} applied")
         node = await _wait_node_ready(consumer, node_name(provider_id), args.timeout)
         progress.step(f"virtual node {node_name(provider_id)} Ready")
+        network: dict[str, Any] | str = "disabled (--no-network)"
+        if declarations is not None:
+            network = await network_up(
+                consumer, provider, consumer_id=consumer_id, provider_id=provider_id,
+                declarations=declarations, args=args, progress=progress,
+            )  # fmt: skip
     labels = node["metadata"].get("labels") or {}
     result = {
         "consumer": consumer_id,
@@ -245,7 +255,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             "capacity": node["status"].get("capacity"),
             "gpuProduct": labels.get("nvidia.com/gpu.product"),
         },
-        "network": "disabled (--no-network)" if args.no_network else "not configured",
+        "network": network,
     }
 
     def table(console: Any) -> None:
@@ -259,7 +269,11 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             "[bold]virtual node[/]",
             f"{node_name(provider_id)} (GPU {labels.get('nvidia.com/gpu.product', '-')})",
         )
-        t.add_row("[bold]network[/]", str(result["network"]))
+        if isinstance(network, dict):
+            remaps = ", ".join(network["consumer"].get("remappedPodCIDRs") or [])
+            t.add_row("[bold]network[/]", f"tunnel up to {network['endpoint']}; provider pods are {remaps}")
+        else:
+            t.add_row("[bold]network[/]", network)
         console.print(t)
         console.print(f"next: gpuferry offload namespace NAMESPACE --kubeconfig {args.kubeconfig or '…'}")
 
@@ -308,7 +322,11 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
                 await consumer.delete(NODES, node)
             await wait_gone(consumer, NODES, node, None, timeout=args.timeout)
         progress.step(f"virtual node {node} gone")
-        removed = await flow.teardown(
+        fabric = await network_down(
+            consumer, provider, consumer_id=consumer_id, provider_id=provider_id,
+            timeout=args.timeout, progress=progress,
+        )  # fmt: skip
+        removed = fabric + await flow.teardown(
             consumer,
             provider,
             consumer_id=consumer_id,
@@ -410,7 +428,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     peer.add_argument(
         "--allow-partial", action="store_true", help="accept less than asked if that is all there is"
     )
-    peer.add_argument("--no-network", action="store_true", help="do not set up the network fabric")
+    peer.add_argument(
+        "--no-network",
+        action="store_true",
+        help="do not set up the network fabric (by default each cluster's declared network, the "
+        "ConfigMap kube-system/gpuferry-network with podCIDRs and serviceCIDRs, is joined by WireGuard)",
+    )
     peer.add_argument(
         "--cluster-id", help="this cluster's ID, the first time (default: from the context name)"
     )

@@ -9,6 +9,7 @@ from kube.tasks import run_supervised
 
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .grants import GrantFollower
+from .keys import KeyExchange
 
 
 async def run_consumer(
@@ -29,5 +30,6 @@ async def run_consumer(
         {
             "virtual_kubelets": VirtualNodeSupervisor(client, settings).run(),
             "follow_grants": GrantFollower(client, namespace).run(),
+            "exchange_gateway_keys": KeyExchange(client, namespace).run(),
         }
     )

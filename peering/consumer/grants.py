@@ -24,7 +24,7 @@ from kube.watching import Listed, backoff_delay, watch_objects
 from ..resources import GPUSLICES
 from ..virtualnodes import VIRTUALNODES
 
-__all__ = ["GrantFollower", "desired_from_grant"]
+__all__ = ["GrantFollower", "PerVirtualNode", "desired_from_grant"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,13 @@ def _differs(spec: dict[str, Any], desired: dict[str, Any]) -> bool:
     return any({str(k): str(v) for k, v in (spec.get(f) or {}).items()} != desired[f] for f in desired)
 
 
-class GrantFollower:
-    """One watch per VirtualNode (its GPUSlice on the provider); see the module docstring."""
+class PerVirtualNode:
+    """One task per VirtualNode that follows something on its provider with the consumer's own
+    scoped identity (the kubeconfig Secret the VirtualNode names); retried with backoff.
+
+    Subclasses implement `follow`, which runs until cancelled (the VirtualNode went)."""
+
+    task_name = "follow"
 
     def __init__(self, consumer: KubeClient, namespace: str | None) -> None:
         self.consumer = consumer
@@ -68,11 +73,14 @@ class GrantFollower:
                     continue
                 spec = item.object.get("spec") or {}
                 if key not in self.tasks and spec.get("sliceName") and spec.get("tenantNamespace"):
-                    self.tasks[key] = asyncio.create_task(self._follow(key), name=f"follow_grant {key}")
+                    self.tasks[key] = asyncio.create_task(self._follow(key), name=f"{self.task_name} {key}")
         finally:
             for task in self.tasks.values():
                 task.cancel()
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+    async def follow(self, key: ObjectKey, spec: dict[str, Any], tenant: KubeClient, log: Any) -> None:
+        raise NotImplementedError
 
     async def _follow(self, key: ObjectKey) -> None:
         log = object_logger(logger, "VirtualNode", key)
@@ -87,21 +95,30 @@ class GrantFollower:
                 async with KubeClient.from_kubeconfig_data(
                     kubeconfig, source=f"Secret {ref['name']}"
                 ) as tenant:
-                    async for item in watch_objects(
-                        tenant, GPUSLICES, namespace=spec["tenantNamespace"],
-                        field_selector=f"metadata.name={spec['sliceName']}",
-                    ):  # fmt: skip
-                        failures = 0
-                        if isinstance(item, Listed) or item.type == "DELETED":
-                            continue
-                        await self._apply(key, item.object, log)
+                    await self.follow(key, spec, tenant, log)
+                    failures = 0
             except NotFound:
                 return  # the VirtualNode went: its watch in run() cancels us anyway
             except (KubeError, KeyError, ValueError) as exc:
                 failures += 1
                 delay = backoff_delay(failures, WatchSettings())
-                log.warning("following its grant failed (%s); retrying in %.1fs", exc, delay)
+                log.warning("%s failed (%s); retrying in %.1fs", self.task_name, exc, delay)
                 await asyncio.sleep(delay)
+
+
+class GrantFollower(PerVirtualNode):
+    """One watch per VirtualNode (its GPUSlice on the provider); see the module docstring."""
+
+    task_name = "follow_grant"
+
+    async def follow(self, key: ObjectKey, spec: dict[str, Any], tenant: KubeClient, log: Any) -> None:
+        async for item in watch_objects(
+            tenant, GPUSLICES, namespace=spec["tenantNamespace"],
+            field_selector=f"metadata.name={spec['sliceName']}",
+        ):  # fmt: skip
+            if isinstance(item, Listed) or item.type == "DELETED":
+                continue
+            await self._apply(key, item.object, log)
 
     async def _apply(self, key: ObjectKey, slice_obj: RawObject, log: Any) -> None:
         desired = desired_from_grant(slice_obj)

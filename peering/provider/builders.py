@@ -52,6 +52,8 @@ _TENANT_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["offloading.gpuferry.io"], "resources": ["namespaceoffloadings"], "verbs": _RW},
     {"apiGroups": ["core.gpuferry.io"], "resources": ["tenants"], "verbs": _RO},
     {"apiGroups": [""], "resources": ["events"], "verbs": _RO},
+    # its network as the provider sees it: the consumer agent carries a rotated gateway key across
+    {"apiGroups": ["net.gpuferry.io"], "resources": ["peernetworks"], "verbs": [*_RO, "patch"]},
 ]
 
 # Twin namespace: what a virtual kubelet needs to run twin pods and reflect their accessories.

@@ -14,7 +14,7 @@ from .fabric import LOCAL, Fabric, Side
 from .test_lifecycle import kill_gateway_process
 from .topology import GATEWAY_IP, Topology, ping, request
 
-REMOTE_POD1 = IPv4Address("10.70.1.10")
+REMOTE_POD1 = IPv4Address("10.64.1.10")
 
 
 def as_object(side: Side, generation: int, status: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +43,7 @@ async def test_runner_reconciles_refreshes_recovers_and_tears_down(topo: Topolog
     for side in (fabric.b, fabric.a):
         name = side.cluster.name
         statuses[name].update(await runners[name].on_object(as_object(side, 1, statuses[name])))
-        assert statuses[name]["remappedPodCIDRs"] == ["10.70.0.0/16"]
+        assert statuses[name]["remappedPodCIDRs"] == ["10.64.0.0/16"]
         # The node agents learn the remaps from the published status alone.
         for agent in side.agents():
             await sync_node(remaps_from_status(as_object(side, 1, statuses[name])), settings=agent)

@@ -29,7 +29,7 @@ from netfabric.wireguard import TunnelError
 from .fabric import LOCAL, Fabric, Side, fabric_up, record_status, side_up
 from .topology import GATEWAY_IP, WG_PORT, Topology, ping, request
 
-REMOTE_POD1 = IPv4Address("10.70.1.10")
+REMOTE_POD1 = IPv4Address("10.64.1.10")
 
 
 async def assert_nothing_applied(side: Side) -> None:

@@ -15,9 +15,9 @@ from netfabric.wireguard import BackendKind, wireguard_go_pids
 from .fabric import Fabric, fabric_down, fabric_up, side_up
 from .topology import GATEWAY_IP, POD1_IP, POD2_IP, Topology, antispoof_drops, ns_exec, ping, request
 
-# Each side chose 10.70.0.0/16 (the first block of the default pool) as its view of the other's
-# pod CIDR 10.244.0.0/16, so 10.244.1.10 over there is 10.70.1.10 here, on both sides.
-REMOTE_POD1 = IPv4Address("10.70.1.10")
+# Each side chose 10.64.0.0/16 (the first block of the default pool) as its view of the other's
+# pod CIDR 10.244.0.0/16, so 10.244.1.10 over there is 10.64.1.10 here, on both sides.
+REMOTE_POD1 = IPv4Address("10.64.1.10")
 
 
 async def test_both_directions_through_remapped_addresses(topo: Topology, fabric: Fabric) -> None:
@@ -25,8 +25,8 @@ async def test_both_directions_through_remapped_addresses(topo: Topology, fabric
     assert fabric.a.plan is not None and fabric.b.plan is not None
     for side in fabric.sides:
         assert [(str(r.original), str(r.local_view)) for r in side.plan.remaps] == [  # type: ignore[union-attr]
-            ("10.244.0.0/16", "10.70.0.0/16"),
-            ("10.96.0.0/16", "10.71.0.0/16"),
+            ("10.244.0.0/16", "10.64.0.0/16"),
+            ("10.96.0.0/16", "10.65.0.0/16"),
         ]
 
     for here, there in ((topo.a, topo.b), (topo.b, topo.a)):
@@ -56,8 +56,8 @@ async def test_without_source_remapping_the_strict_cni_drops_it(topo: Topology, 
     assert request(topo.a.ns("p1"), "http", REMOTE_POD1, timeout=2) is None
     assert antispoof_drops(topo) > before, "the request failed, but not at the anti-spoofing rule"
     # Towards a pod the rule does not guard (on the other node), the preserved source is visible:
-    # a's 10.244.1.10 as b sees it, 10.70.1.10. The tunnel itself works.
-    assert request(topo.a.ns("p1"), "http", IPv4Address("10.70.2.10")) == f"b-p2 {REMOTE_POD1}"
+    # a's 10.244.1.10 as b sees it, 10.64.1.10. The tunnel itself works.
+    assert request(topo.a.ns("p1"), "http", IPv4Address("10.64.2.10")) == f"b-p2 {REMOTE_POD1}"
 
     # Switching b back to Gateway mode is a plain re-apply, and the same request passes.
     fabric.publish(b_mode="Gateway")

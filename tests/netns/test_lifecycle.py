@@ -15,7 +15,7 @@ from netfabric.wireguard import wireguard_go_pids
 from .fabric import Fabric, Side, fabric_up, record_status, side_up
 from .topology import GATEWAY_IP, WAN, Topology, ping, request
 
-REMOTE_POD1 = IPv4Address("10.70.1.10")
+REMOTE_POD1 = IPv4Address("10.64.1.10")
 
 
 def kill_gateway_process(side: Side) -> None:
@@ -62,7 +62,7 @@ async def test_provider_gateway_killed_and_restarted(topo: Topology, fabric: Fab
     assert parse_endpoint(status["peerEndpoint"])[0] == WAN["a"]
     assert status["conditions"][0]["status"] == "True"
     assert status["backend"] in ("kernel", "userspace")
-    assert status["remappedPodCIDRs"] == ["10.70.0.0/16"] and status["gatewayAddress"] == str(GATEWAY_IP)
+    assert status["remappedPodCIDRs"] == ["10.64.0.0/16"] and status["gatewayAddress"] == str(GATEWAY_IP)
 
     kill_gateway_process(fabric.b)
     assert not ping(topo.a.ns("p1"), REMOTE_POD1, deadline=1)

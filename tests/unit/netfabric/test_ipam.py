@@ -8,6 +8,8 @@ from netfabric.ipam import DEFAULT_POOL, overlaps, parse_cidrs, plan_remaps
 from netfabric.model import ClusterNetwork, NetworkConfigError, PoolExhausted, Remap
 
 N = IPv4Network
+#: The pool these tests were written against (two /16s); the default is larger.
+POOL = N("10.70.0.0/15")
 KIND = ClusterNetwork(pod_cidrs=(N("10.244.0.0/16"),), service_cidrs=(N("10.96.0.0/16"),))
 
 
@@ -52,7 +54,18 @@ def test_overlaps(a: str, b: str, expected: bool) -> None:
 
 def test_overlapping_pod_cidrs_are_remapped_into_the_pool() -> None:
     remaps = plan_remaps(KIND, [N("10.244.0.0/16")], pool=DEFAULT_POOL)
-    assert remaps == [Remap(original=N("10.244.0.0/16"), local_view=N("10.70.0.0/16"))]
+    assert remaps == [Remap(original=N("10.244.0.0/16"), local_view=N("10.64.0.0/16"))]
+
+
+def test_the_default_pool_holds_kubeadm_service_cidrs_of_two_peers() -> None:
+    # kubeadm's defaults on every side: pods 10.244.0.0/16, services 10.96.0.0/12
+    kubeadm = ClusterNetwork(pod_cidrs=(N("10.244.0.0/16"),), service_cidrs=(N("10.96.0.0/12"),))
+    first = plan_remaps(kubeadm, [N("10.244.0.0/16"), N("10.96.0.0/12")])
+    assert [str(r.local_view) for r in first] == ["10.64.0.0/16", "10.80.0.0/12"]
+    taken = [r.local_view for r in first]
+    second = plan_remaps(kubeadm, [N("10.244.0.0/16"), N("10.96.0.0/12")], taken=taken)
+    # 10.96.0.0/12 inside the pool is skipped: it is the local service CIDR
+    assert [str(r.local_view) for r in second] == ["10.65.0.0/16", "10.112.0.0/12"]
 
 
 def test_non_overlapping_cidrs_map_to_themselves() -> None:
@@ -64,8 +77,8 @@ def test_non_overlapping_cidrs_map_to_themselves() -> None:
 def test_pods_and_services_both_remapped_in_input_order() -> None:
     remaps = plan_remaps(KIND, [N("10.244.0.0/16"), N("10.96.0.0/16"), N("10.1.0.0/24")])
     assert [(str(r.original), str(r.local_view)) for r in remaps] == [
-        ("10.244.0.0/16", "10.70.0.0/16"),
-        ("10.96.0.0/16", "10.71.0.0/16"),
+        ("10.244.0.0/16", "10.64.0.0/16"),
+        ("10.96.0.0/16", "10.65.0.0/16"),
         ("10.1.0.0/24", "10.1.0.0/24"),
     ]
 
@@ -78,16 +91,16 @@ def test_a_remap_colliding_with_a_local_service_cidr_is_avoided() -> None:
 
 def test_taken_remaps_of_other_peers_are_avoided_and_force_remapping() -> None:
     taken = [N("10.70.0.0/16")]
-    remaps = plan_remaps(KIND, [N("10.244.0.0/16")], taken=taken)
+    remaps = plan_remaps(KIND, [N("10.244.0.0/16")], taken=taken, pool=POOL)
     assert remaps[0].local_view == N("10.71.0.0/16")
     # A peer CIDR equal to another peer's local view must itself be remapped.
-    remaps = plan_remaps(KIND, [N("10.70.0.0/16")], taken=taken)
+    remaps = plan_remaps(KIND, [N("10.70.0.0/16")], taken=taken, pool=POOL)
     assert remaps[0].local_view == N("10.71.0.0/16")
 
 
 def test_identity_peer_cidrs_block_the_pool() -> None:
     # 10.70.0.0/16 is kept as is (no overlap locally), so 10.244.0.0/16 must not land on it.
-    remaps = plan_remaps(KIND, [N("10.244.0.0/16"), N("10.70.0.0/16")])
+    remaps = plan_remaps(KIND, [N("10.244.0.0/16"), N("10.70.0.0/16")], pool=POOL)
     assert remaps == [
         Remap(N("10.244.0.0/16"), N("10.71.0.0/16")),
         Remap(N("10.70.0.0/16"), N("10.70.0.0/16")),
@@ -107,7 +120,7 @@ def test_same_inputs_same_answer() -> None:
 
 def test_existing_remaps_are_kept_for_stability() -> None:
     existing = {"10.244.0.0/16": N("10.71.0.0/16")}
-    remaps = plan_remaps(KIND, [N("10.96.0.0/16"), N("10.244.0.0/16")], existing=existing)
+    remaps = plan_remaps(KIND, [N("10.96.0.0/16"), N("10.244.0.0/16")], existing=existing, pool=POOL)
     # The kept remap claims its block first; the newcomer takes the lowest other one.
     assert remaps == [
         Remap(N("10.96.0.0/16"), N("10.70.0.0/16")),
@@ -117,6 +130,7 @@ def test_existing_remaps_are_kept_for_stability() -> None:
         KIND,
         [N("10.96.0.0/16"), N("10.244.0.0/16")],
         existing={str(r.original): r.local_view for r in remaps},
+        pool=POOL,
     )
     assert again == remaps
 
@@ -130,13 +144,17 @@ def test_existing_remaps_are_kept_for_stability() -> None:
     ],
 )
 def test_invalid_existing_remaps_are_replaced(previous: IPv4Network) -> None:
-    remaps = plan_remaps(KIND, [N("10.244.0.0/16")], existing={"10.244.0.0/16": previous})
+    remaps = plan_remaps(KIND, [N("10.244.0.0/16")], existing={"10.244.0.0/16": previous}, pool=POOL)
     assert remaps[0].local_view == N("10.70.0.0/16")
 
 
 def test_existing_remap_now_taken_by_another_peer_is_replaced() -> None:
     remaps = plan_remaps(
-        KIND, [N("10.244.0.0/16")], taken=[N("10.70.0.0/16")], existing={"10.244.0.0/16": N("10.70.0.0/16")}
+        KIND,
+        [N("10.244.0.0/16")],
+        taken=[N("10.70.0.0/16")],
+        existing={"10.244.0.0/16": N("10.70.0.0/16")},
+        pool=POOL,
     )
     assert remaps[0].local_view == N("10.71.0.0/16")
 
@@ -153,12 +171,12 @@ def test_pool_exhausted_says_what_was_needed_and_what_the_pool_holds() -> None:
 def test_pool_too_small_for_the_prefix() -> None:
     local = ClusterNetwork(pod_cidrs=(N("10.244.0.0/16"),), service_cidrs=(N("10.96.0.0/12"),))
     with pytest.raises(PoolExhausted, match=r"1 block\(s\) of /12 \(the pool holds 0, 0 free\)"):
-        plan_remaps(local, [N("10.96.0.0/12")])
+        plan_remaps(local, [N("10.96.0.0/12")], pool=POOL)
 
 
 def test_pool_fully_blocked_by_taken_remaps() -> None:
     with pytest.raises(PoolExhausted, match=r"holds 2, 0 free.*2 taken remap"):
-        plan_remaps(KIND, [N("10.244.0.0/16")], taken=[N("10.70.0.0/16"), N("10.71.0.0/16")])
+        plan_remaps(KIND, [N("10.244.0.0/16")], taken=[N("10.70.0.0/16"), N("10.71.0.0/16")], pool=POOL)
 
 
 def test_overlapping_peer_cidrs_are_rejected() -> None:

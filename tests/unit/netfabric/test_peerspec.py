@@ -13,7 +13,10 @@ from netfabric.peerspec import PeerSpec, peer_spec_from_object
 KEY = public_key(generate_private_key())
 PRIVATE = generate_private_key()
 LOCAL = ClusterNetwork.from_strings(["10.244.0.0/16"], ["10.96.0.0/16"])
-SETTINGS = GatewaySettings(iface="gf-b", gateway_ip=IPv4Address("10.244.2.5"), listen_port=51820)
+# the pool these tests were written against (two /16s); the default is larger
+SETTINGS = GatewaySettings(
+    iface="gf-b", gateway_ip=IPv4Address("10.244.2.5"), listen_port=51820, pool=IPv4Network("10.70.0.0/15")
+)
 
 
 def obj(**spec: Any) -> dict[str, Any]:
