@@ -167,12 +167,12 @@ def peer_network(
     }
 
 
-def network_ready(obj: Mapping[str, Any]) -> tuple[bool | None, str]:
-    """(True/False, or None before the gateway reported) and a one-line reason from a PeerNetwork."""
+def network_ready(obj: Mapping[str, Any]) -> tuple[bool | None, str, str]:
+    """A PeerNetwork's NetworkReady: True/False (None before its gateway reported), reason, message."""
     for c in (obj.get("status") or {}).get("conditions") or []:
         if c.get("type") == "NetworkReady":
-            return c.get("status") == "True", f"{c.get('reason')}: {c.get('message')}"
-    return None, "no gateway has reported on it yet"
+            return c.get("status") == "True", str(c.get("reason")), str(c.get("message"))
+    return None, "NotReported", "no gateway has reported on it yet"
 
 
 def free_slot(used: Iterable[int]) -> int:

@@ -28,6 +28,7 @@ from ..conditions import find_condition
 from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
 from ..virtualnodes import VIRTUALNODES
 from .common import UserError, emit
+from .network_cmds import network_rows, render_rows
 
 __all__ = ["add_parser", "collect"]
 
@@ -188,6 +189,16 @@ async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]
         consumers = [c for c in consumers if c["id"] == peer]
         if not providers and not consumers:
             raise UserError(f"no peer called {peer!r} on this cluster")
+    networks = await network_rows(client)
+    by_peer = {row["peer"]: row for row in networks}
+    for entry in providers + consumers:
+        row = by_peer.get(entry["id"])
+        if row is None:
+            entry["network"] = "not configured"
+        else:
+            entry["network"] = "up" if row["ready"] else f"down ({row['reason']}: {row['message']})"
+    if peer is not None:
+        networks = [row for row in networks if row["peer"] == peer]
     roles = (["consumer"] if providers else []) + (["provider"] if consumers else [])
     granted = sum((_q(p["gpus"]["granted"]) for p in providers), Decimal(0))
     used = sum((_q(p["gpus"]["used"]) for p in providers), Decimal(0))
@@ -197,6 +208,7 @@ async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]
         "providers": providers,
         "consumers": consumers,
         "offloadedNamespaces": offloaded,
+        "network": networks,
         "pool": {
             "providers": len(providers),
             "ready": len([p for p in providers if p["ready"]]),
@@ -249,6 +261,8 @@ def _render(data: dict[str, Any], console: Any) -> None:
             twins = ", ".join(f"{r['provider']}: {r['namespace']}" for r in o["remoteNamespaces"]) or "-"
             t.add_row(o["namespace"], str(o["podOffloadingStrategy"]), twins)
         console.print(t)
+    if data["network"]:
+        render_rows(data["network"], console)
     if data["consumers"]:
         t = Table(title="consumers (GPUs lent)")
         for col in ("consumer", "authenticated", "slices", "granted", "used", "twin namespaces"):

@@ -162,7 +162,7 @@ async def network_up(
     progress.step(f"PeerNetworks applied; the consumer's gateway dials {endpoint[0]}:{endpoint[1]}")
 
     def ready(obj: RawObject) -> str | None:
-        ok, _reason = network_ready(obj)
+        ok = network_ready(obj)[0]
         generation = obj["metadata"].get("generation")
         if ok and (obj.get("status") or {}).get("observedGeneration", generation) == generation:
             return ""
@@ -179,7 +179,8 @@ async def network_up(
                 obj = await client.get(PEERNETWORKS, name, namespace)
                 raise PeeringError(
                     f"the network is not up on the {side}'s side after {args.timeout:.0f}s: "
-                    f"{network_ready(obj)[1]} (the peering itself stays; see `gpuferry network status`)"
+                    f"{': '.join(network_ready(obj)[1:])} (the peering itself stays; "
+                    "see `gpuferry network status`)"
                 ) from None
             raise
         status = obj.get("status") or {}
@@ -266,13 +267,14 @@ async def network_rows(client: KubeClient) -> list[dict[str, Any]]:
     rows = []
     for obj in items:
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        ok, reason = network_ready(obj)
+        ok, reason, message = network_ready(obj)
         endpoint = spec.get("endpoint") or {}
         rows.append({
             "peer": spec.get("clusterID"),
             "namespace": obj["metadata"]["namespace"],
             "ready": ok,
             "reason": reason,
+            "message": message,
             "endpoint": f"{endpoint['address']}:{endpoint['port']}" if endpoint else None,
             "peerSeenFrom": status.get("peerEndpoint"),
             "latestHandshake": status.get("latestHandshake"),
@@ -304,7 +306,7 @@ def render_rows(rows: list[dict[str, Any]], console: Any) -> None:
     for r in rows:
         t.add_row(
             str(r["peer"]),
-            "yes" if r["ready"] else f"no ({r['reason']})",
+            "yes" if r["ready"] else f"no ({r['reason']}: {r['message']})",
             r["endpoint"] or f"dials in from {r['peerSeenFrom'] or '-'}",
             f"{r['handshakeAge']} ago" if r["handshakeAge"] else "never",
             str(r["bytes"].get("received", "-")),

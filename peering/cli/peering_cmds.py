@@ -172,14 +172,14 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     ):
         if consumer.base_url == provider.base_url:
             raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
+        declarations = None
+        if not args.no_network:  # a missing or wrong declaration stops us before any change
+            declarations = await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):
             await ensure_crds(client)
             progress.step(f"{side}: gpuferry CRDs installed ({client.base_url})")
         consumer_id, provider_id = await _ids(consumer, provider, args)
         progress.step(f"cluster IDs: consumer {consumer_id}, provider {provider_id}")
-        declarations = None
-        if not args.no_network:  # a missing or wrong declaration stops us before any change
-            declarations = await read_declarations(consumer, provider, embedded=args.agents == "local")
         if args.agents == "local":
             for role, cid, path in (
                 ("provider", provider_id, args.remote_kubeconfig),

@@ -204,8 +204,11 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     agents = json.loads(await cli.ok("agents", "-o", "json"))["agents"]
     assert sorted((a["role"], a["cluster"], bool(a["pid"])) for a in agents) == [
         ("consumer", "ml-eu", True),
+        ("gateway", "gpu-farm-ml-eu", True),
+        ("gateway", "ml-eu-gpu-farm", True),
         ("provider", "gpu-farm", True),
     ]
+    assert result["network"]["consumer"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
     again = json.loads(await cli.ok(*peer, "--gpus", "4", "-o", "json"))
     assert again["alreadyPeered"] is True and again["slice"]["granted"] == result["slice"]["granted"]
 
@@ -273,8 +276,23 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     assert out.strip() == "from the provider"
     await consumer_client.delete(PODS, "shell", ns)
 
-    # info, golden (times and URLs masked)
+    # info, golden (times and URLs masked); the tunnel's figures change from run to run
     info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))
+    (tunnel,) = info.pop("network")
+    assert tunnel["bytes"]["received"] > 0 and tunnel["bytes"]["sent"] > 0
+    shown = ("peer", "namespace", "ready", "reason", "endpoint", "backend", "remaps")
+    assert {k: tunnel[k] for k in shown} == {
+        "peer": "gpu-farm",
+        "namespace": "gpuferry-system",
+        "ready": True,
+        "reason": "HandshakeRecent",
+        "endpoint": "172.31.0.2:51820",
+        "backend": "userspace",
+        "remaps": [
+            {"peer": "10.244.0.0/16", "here": "10.64.0.0/16"},
+            {"peer": "10.96.0.0/16", "here": "10.65.0.0/16"},
+        ],
+    }
     assert info == {
         "cluster": {"id": "ml-eu", "server": "<url>"},
         "roles": ["consumer"],
@@ -301,7 +319,7 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
                 "gpus": {"granted": 4, "used": 0, "free": 4},
                 "pods": 0,
                 "identity": {"username": "gpuferry:consumer:ml-eu", "notAfter": "<time>"},
-                "network": "not configured",
+                "network": "up",
             }
         ],
     }
@@ -411,6 +429,7 @@ async def test_quota_headroom_moves_to_the_namespace_whose_pods_wait_for_it(
         "--selector",
         H100,
         "-q",
+        "--no-network",  # this test is about GPUs, not packets
     )
     busy, idle = await make_namespace(consumer_client), await make_namespace(consumer_client)
     for ns in (busy, idle):
@@ -460,6 +479,7 @@ async def test_a_shrinking_grant_reaches_the_virtual_node(
         "-o",
         "json",
         "-q",
+        "--no-network",  # this test is about GPUs, not packets
     )
     assert json.loads(out)["slice"]["granted"]["nvidia.com/gpu"] == "4"  # 2 nodes x 2 L4
     cordoned = nodes[0]
@@ -509,6 +529,7 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
         "--selector",
         H100,
         "-q",
+        "--no-network",  # this test is about GPUs, not packets
     )
     ns = await make_namespace(consumer_client)
     out = json.loads(

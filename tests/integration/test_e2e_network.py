@@ -1,0 +1,156 @@
+"""The network fabric's lifecycle through the real CLI: ``gpuferry peer`` brings it up between the
+two local clusters (both on pod CIDR 10.244.0.0/16), pods on each side reach each other by their
+remapped addresses, a killed gateway or a rotated key recovers by itself, and ``gpuferry unpeer``
+leaves no interface, rule, route, nft table, key or process behind.
+
+The clusters' gateway networks are hack/localcluster's (root): each cluster's gateway node is a
+network namespace on a shared "WAN" bridge; the test attaches a pod with the *same* address,
+10.244.1.10, to each side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from hack.localcluster import LocalCluster
+from hack.localcluster.network import GATEWAY_IP
+from kube.clients import KubeClient
+from kube.errors import NotFound
+from kube.objects import CONFIGMAPS, PEERNETWORKS, SECRETS
+from netfabric.objects import rotate_private_key
+from netfabric.wireguard import wireguard_go_pids
+from peering.localagents import all_agents, find_agent, stop_agent
+
+from .localnet import Pod, fabric_leftovers, pod_on
+from .test_e2e_story import H100, Cli, cache_of
+
+pytestmark = pytest.mark.integration
+
+POD_IP = "10.244.1.10"
+#: The first block of the default remap pool: how each side sees the other's 10.244.0.0/16.
+REMOTE_POD = "10.64.1.10"
+FROM_GW = f"provider-pod {GATEWAY_IP}"
+CONSUMER_KEY = "gpuferry-gateway-gpu-farm"
+PEER = ["--cluster-id", "ml-eu", "--remote-cluster-id", "gpu-farm", "--gpus", "2", "--selector", H100]
+
+
+@pytest.fixture
+async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
+    runner = Cli(consumer, provider, tmp_path / "cache")
+    yield runner
+    await runner("unpeer", "--kubeconfig", runner.c, "--remote-kubeconfig", runner.p, "-q")
+    with cache_of(runner):
+        for agent in all_agents():
+            stop_agent(agent)
+
+
+async def eventually(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
+    """Until ``probe()`` holds; each probe has its own timeout, so this polls by nature."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await probe():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{what}: not after {timeout:.0f}s")
+
+
+def answers(pod: Pod, target: str, expected: str) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        return await asyncio.to_thread(pod.http, target) == expected
+
+    return probe
+
+
+async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
+    cli: Cli,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+) -> None:
+    result = json.loads(await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER,
+                                     "-o", "json"))  # fmt: skip
+    assert result["network"]["endpoint"] == "172.31.0.2:51820"
+    assert result["network"]["consumer"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
+    assert result["network"]["provider"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
+
+    with pod_on(consumer, POD_IP, "consumer-pod") as here, pod_on(provider, POD_IP, "provider-pod") as there:
+        # both ways, each by the other's remapped address; the same 10.244.1.10 on both sides does
+        # not collide, and each pod sees the traffic come from its own gateway (what a strict CNI accepts)
+        assert here.http(REMOTE_POD) == f"provider-pod {GATEWAY_IP}"
+        assert there.http(REMOTE_POD) == f"consumer-pod {GATEWAY_IP}"
+        assert here.ping(REMOTE_POD) and there.ping(REMOTE_POD)
+
+        status = json.loads(await cli.ok("network", "status", "--kubeconfig", cli.c, "-o", "json"))
+        (row,) = status["networks"]
+        assert row["ready"] is True and row["peer"] == "gpu-farm" and row["endpoint"] == "172.31.0.2:51820"
+        assert row["bytes"]["received"] > 0 and row["handshakeAge"] is not None
+        table = await cli.ok("network", "status", "--kubeconfig", cli.p)
+        assert "ml-eu" in table and "10.244.0.0/16 → 10.64.0.0/16" in table
+
+        with cache_of(cli):
+            # the tunnel's process dies (wireguard-go): the running gateway notices and re-applies
+            netns = "gf-test-provider"
+            gateway = find_agent("gateway", "gpu-farm-ml-eu")
+            assert gateway is not None
+            iface = gateway.args[gateway.args.index("--iface") + 1]
+            (wg_pid,) = wireguard_go_pids(iface, netns=netns)
+            os.kill(wg_pid, signal.SIGKILL)
+            await eventually("traffic after wireguard-go was killed", answers(here, REMOTE_POD, FROM_GW))
+
+            # the gateway process itself is killed and started again (as a Deployment would):
+            # it converges from the objects, with the same remaps
+            pid = gateway.pid()
+            assert pid is not None
+            os.killpg(pid, signal.SIGKILL)
+        again = json.loads(await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER,
+                                        "-o", "json"))  # fmt: skip
+        assert again["network"]["provider"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
+        await eventually("traffic after the gateway restarted", answers(here, REMOTE_POD, FROM_GW))
+
+        # the consumer's key is rotated (its Secret replaced): its gateway takes the new key, the
+        # consumer agent carries the public key to the provider's PeerNetwork, traffic recovers
+        before = await provider_client.get(PEERNETWORKS, "ml-eu", "gpuferry-tenant-ml-eu")
+        await rotate_private_key(consumer_client, namespace="gpuferry-system", name=CONSUMER_KEY)
+
+        async def carried() -> bool:
+            obj = await provider_client.get(PEERNETWORKS, "ml-eu", "gpuferry-tenant-ml-eu")
+            return bool(obj["spec"]["publicKey"] != before["spec"]["publicKey"])
+
+        await eventually("the rotated key on the provider's PeerNetwork", carried)
+        back = answers(there, REMOTE_POD, f"consumer-pod {GATEWAY_IP}")
+        await eventually("traffic after the key rotation", back)
+
+    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q")
+    assert fabric_leftovers(consumer) == [] and fabric_leftovers(provider) == []
+    with cache_of(cli):
+        assert not [a for a in all_agents() if a.pid() is not None]
+    for client, ns, name in (
+        (consumer_client, "gpuferry-system", CONSUMER_KEY),
+        (provider_client, "gpuferry-tenant-ml-eu", "gpuferry-gateway-ml-eu"),
+    ):
+        with pytest.raises(NotFound):
+            await client.get(SECRETS, name, ns)
+    assert (await consumer_client.list(PEERNETWORKS))["items"] == []
+    assert (await provider_client.list(PEERNETWORKS))["items"] == []
+
+
+async def test_a_malformed_declaration_stops_peer_before_any_change(
+    cli: Cli, consumer_client: KubeClient
+) -> None:
+    declared = await consumer_client.get(CONFIGMAPS, "gpuferry-network", "kube-system")
+    try:
+        await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": {"podCIDRs": "10.244.0.1/16"}},
+                                    "kube-system")  # fmt: skip
+        code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER)
+        assert code != 0 and "Traceback" not in err
+        assert "podCIDRs '10.244.0.1/16' is not an IPv4 network address" in err, err
+        with pytest.raises(NotFound):  # not even the cluster ID was recorded
+            await consumer_client.get(CONFIGMAPS, "gpuferry-cluster-id", "gpuferry-system")
+    finally:
+        await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": declared["data"]}, "kube-system")
