@@ -22,9 +22,12 @@ cols='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GP
 step "provider cluster: its GPU nodes"
 "$kubectl" --kubeconfig "$P" get nodes -o custom-columns="$cols"
 
-step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider"
+# the network fabric's local gateways live in network namespaces: root only
+network=()
+[[ $(id -u) -eq 0 ]] || network=(--no-network)
+step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider (and a WireGuard tunnel joins the pod networks)"
 $gf peer --kubeconfig "$C" --remote-kubeconfig "$P" --cluster-id ml-eu --remote-cluster-id gpu-farm \
-  --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3
+  --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "${network[@]}"
 
 step "consumer cluster: a virtual node advertises them"
 "$kubectl" --kubeconfig "$C" get nodes -o custom-columns="$cols,LARGEST-BLOCK:.metadata.labels.gpuferry\.io/largest-gpu-block"
@@ -58,6 +61,9 @@ step "consumer: the Job's pods Running on the virtual node"
 "$kubectl" --kubeconfig "$C" -n "$ns" get pods -l "job-name=$job" -o wide
 step "provider: their twins on H100 nodes, in the twin namespace"
 "$kubectl" --kubeconfig "$P" -n "$ns-ml-eu" get pods -o wide
+
+step "gpuferry network status: the tunnel, both clusters on 10.244.0.0/16, each seeing the other remapped"
+$gf network status --kubeconfig "$C"
 
 step "gpuferry info (consumer, then provider)"
 $gf info --kubeconfig "$C"

@@ -197,6 +197,8 @@ async def run_gateway(
                 await publish_public_key(client, namespace=namespace, name=key_secret, key=own_key,
                                          annotation=PUBLIC_KEY_ANNOTATION)
             status = await runner.on_object(obj)
+            if isinstance(generation, int):  # what the status (and its NetworkReady) is about
+                status = {**status, "observedGeneration": generation}
             next_refresh = clock() + status_interval
             try:
                 annotations = (obj.get("metadata") or {}).get("annotations") or {}

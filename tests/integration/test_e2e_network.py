@@ -90,8 +90,12 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
         (row,) = status["networks"]
         assert row["ready"] is True and row["peer"] == "gpu-farm" and row["endpoint"] == "172.31.0.2:51820"
         assert row["bytes"]["received"] > 0 and row["handshakeAge"] is not None
-        table = await cli.ok("network", "status", "--kubeconfig", cli.p)
-        assert "ml-eu" in table and "10.244.0.0/16 → 10.64.0.0/16" in table
+        provider_side = json.loads(await cli.ok("network", "status", "--kubeconfig", cli.p, "-o", "json"))
+        (row,) = provider_side["networks"]
+        assert row["peer"] == "ml-eu" and row["ready"] is True and row["endpoint"] is None
+        assert row["peerSeenFrom"].startswith("172.31.0.1:")  # the consumer dialled in
+        assert row["remaps"][0] == {"peer": "10.244.0.0/16", "here": "10.64.0.0/16"}
+        assert "network fabric" in await cli.ok("network", "status", "--kubeconfig", cli.p)
 
         with cache_of(cli):
             # the tunnel's process dies (wireguard-go): the running gateway notices and re-applies
