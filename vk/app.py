@@ -39,6 +39,7 @@ from .reflection.addresses import PeerNetworkFollower
 from .reflection.caches import PodCache, consumer_key, twin_key_for
 from .reflection.events import EventReflector
 from .reflection.pods import PodReflector, refresh_phase_gauge
+from .reflection.services import ServiceReflector
 from .reflection.tokens import TokenReflector
 from .reflection.twins import TwinNamespaces
 from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
@@ -70,7 +71,7 @@ async def _sync_pods(
 async def _resync(
     queue: KeyedQueue[ObjectKey],
     reflector: PodReflector,
-    accessories: Sequence[AccessoryReflector | TokenReflector],
+    accessories: Sequence[AccessoryReflector | TokenReflector | ServiceReflector],
     every: float,
 ) -> None:
     """Reconcile everything now and then: collects orphans, heals anything a lost event hid."""
@@ -223,10 +224,11 @@ async def run(settings: VirtualKubeletSettings) -> None:
         accessories: list[AccessoryReflector | TokenReflector] = []
 
         events: list[EventReflector] = []
+        services: list[ServiceReflector] = []
 
         def local_pod_changed(key: ObjectKey) -> None:
             queue.add(key)
-            for reflector_ in accessories:
+            for reflector_ in [*accessories, *services]:
                 reflector_.pod_changed(key)
             for events_ in events:
                 events_.pod_changed(key)
@@ -306,6 +308,17 @@ async def run(settings: VirtualKubeletSettings) -> None:
                     settings=settings.watch,
                 )
             )
+        services.append(
+            ServiceReflector(
+                consumer=consumer,
+                provider=provider,
+                pods=local,
+                twin_namespace_for=twin_namespace_for,
+                consumer_id=settings.consumer_cluster_id,
+                node=settings.effective_node_name,
+                settings=settings.watch,
+            )
+        )
         events.append(
             EventReflector(
                 consumer=consumer,
@@ -332,12 +345,27 @@ async def run(settings: VirtualKubeletSettings) -> None:
             reflector.remap_ip = function
             for key in local:  # every status again, in the new view
                 queue.add(key)
+            for services_ in services:  # and every reflected Service's endpoints
+                services_.set_views(twin_back=addresses.reverse())
 
         addresses = PeerNetworkFollower(
             consumer,
             namespace=settings.peer_network_namespace,
-            provider_id=settings.provider_cluster_id,
+            peer_id=settings.provider_cluster_id,
             on_change=remap_changed,
+            settings=settings.watch,
+        )
+
+        def consumer_view_changed(function: Callable[[str], str]) -> None:
+            for services_ in services:
+                services_.set_views(to_provider_view=function)
+
+        # the provider's PeerNetwork for us: where the provider reaches our pods
+        provider_view = PeerNetworkFollower(
+            provider,
+            namespace=settings.tenant_namespace or f"gpuferry-tenant-{settings.consumer_cluster_id}",
+            peer_id=settings.consumer_cluster_id,
+            on_change=consumer_view_changed,
             settings=settings.watch,
         )
 
@@ -351,16 +379,18 @@ async def run(settings: VirtualKubeletSettings) -> None:
             "watch_consumer_pods": local.run(),
             "watch_provider_twins": remote.run(),
             "sync_pods_to_remote": _sync_pods(queue, reflector, settings),
-            "resync": _resync(queue, reflector, accessories, settings.resync_seconds),
+            "resync": _resync(queue, reflector, [*accessories, *services], settings.resync_seconds),
             "follow_peer_network": addresses.run(),
+            "follow_provider_peer_network": provider_view.run(),
         }
-        for accessory in accessories:
+        for accessory in [*accessories, *services]:
             roots[f"sync_{accessory.kind}_to_remote"] = run_workers(
                 accessory.queue,
                 accessory,
                 settings=settings.queue,
                 logger=logger,
-                kind=accessory.resource.kind if isinstance(accessory, AccessoryReflector) else "Pod",
+                kind=accessory.resource.kind if isinstance(accessory, AccessoryReflector | ServiceReflector)
+                else "Pod",
             )
         if settings.metrics_port:
             roots["metrics"] = _serve_metrics(settings.metrics_port, reflector)
@@ -370,7 +400,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             await run_supervised(roots, logger=logger)
         finally:
             queue.shutdown()
-            for accessory in accessories:
+            for accessory in [*accessories, *services]:
                 await accessory.stop()
             for events_ in events:
                 await events_.stop()

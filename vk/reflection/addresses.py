@@ -1,4 +1,8 @@
-"""Follows the PeerNetwork of this node's provider: the remapped pod CIDRs the fabric published.
+"""Follows a PeerNetwork: the remapped pod CIDRs the fabric published for one peer.
+
+The consumer's PeerNetwork for the provider gives the provider's pods in our view (twin pod IPs);
+the provider's for us (read with the provider client) where the provider reaches our pods (the
+endpoints of reflected Services).
 
 The virtual kubelet reports a twin's ``podIP`` in the consumer's view. When the PeerNetwork for
 the provider (``spec.clusterID``) appears or its ``status.remappedPodCIDRs`` change, the pod
@@ -31,13 +35,13 @@ class PeerNetworkFollower:
         client: KubeClient,
         *,
         namespace: str,
-        provider_id: str,
+        peer_id: str,
         on_change: Callable[[Callable[[str], str]], None],
         settings: WatchSettings | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
-        self.provider_id = provider_id
+        self.provider_id = peer_id
         self.on_change = on_change
         self.settings = settings or WatchSettings()
         self._objects: dict[ObjectKey, RawObject] = {}
@@ -60,6 +64,11 @@ class PeerNetworkFollower:
             f"{list(pair[0])} seen as {list(pair[1])}" if function is not identity else "as they are",
         )
         self.on_change(function)
+
+    def reverse(self) -> Callable[[str], str]:
+        """The other way: an address in our view of the peer's pods → the peer's own address."""
+        pods, remapped = self._current
+        return remapper(remapped, pods) if pods else identity
 
     async def run(self) -> None:
         # retried while the CRD is not installed: addresses stay as they are meanwhile
