@@ -56,12 +56,8 @@ class Agent:
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", ROLES[self.role], "--kubeconfig", self.kubeconfig, *self.args]
-        if self.role == "gateway":
-            return cmd
         if self.role == "provider":
             cmd.append("--install-crds")
-        else:  # embedded mode, admin kubeconfigs: nobody else would approve the kubelet certificates
-            cmd.append("--kubelet-csr-self-approve")
         return cmd
 
     def pid(self) -> int | None:

@@ -1,4 +1,5 @@
-"""The consumer agent: the VirtualNode supervisor and the grant follower, as supervised tasks."""
+"""The consumer agent, as supervised tasks: the VirtualNode supervisor, the grant follower, the
+gateway key exchange and the approver of the virtual kubelets' serving certificates."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from kube.clients import KubeClient
 from kube.tasks import run_supervised
 
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
+from .csrs import KubeletCsrApprover
 from .grants import GrantFollower
 from .keys import KeyExchange
 
@@ -26,10 +28,11 @@ async def run_consumer(
         log_dir=log_dir,
         kubelet_self_approve=kubelet_self_approve,
     )
-    await run_supervised(
-        {
-            "virtual_kubelets": VirtualNodeSupervisor(client, settings).run(),
-            "follow_grants": GrantFollower(client, namespace).run(),
-            "exchange_gateway_keys": KeyExchange(client, namespace).run(),
-        }
-    )
+    roots = {
+        "virtual_kubelets": VirtualNodeSupervisor(client, settings).run(),
+        "follow_grants": GrantFollower(client, namespace).run(),
+        "exchange_gateway_keys": KeyExchange(client, namespace).run(),
+    }
+    if not kubelet_self_approve:  # the agent checks and approves its kubelets' serving certificates
+        roots["approve_kubelet_csrs"] = KubeletCsrApprover(client, namespace).run()
+    await run_supervised(roots)
