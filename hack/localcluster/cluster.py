@@ -412,8 +412,7 @@ class LocalCluster:
         stopped = [name for name in reversed(COMPONENTS) if self.procs.stop(name)]
         # anything recorded that is not a known component (should not happen, but leave nothing)
         stopped += [name for name in self.procs.recorded() if self.procs.stop(name)]
-        if remove_network(self.spec):
-            stopped.append("network")
+        remove_network(self.spec)  # the gateway network namespaces (no process is left in them)
         if not keep_state and self.spec.run_dir.exists():
             shutil.rmtree(self.spec.run_dir)
         if not keep_state:  # the profile folder too, once its last cluster is gone

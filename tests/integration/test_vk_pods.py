@@ -277,7 +277,16 @@ async def test_pod_larger_than_any_provider_node_gets_a_clear_answer(
     assert gated["spec"]["nodeName"] == vk.node
     assert gated["status"]["phase"] == "Pending"
     assert "12 nvidia.com/gpu" in gated["status"]["message"]
-    events = (await consumer_client.list(EVENTS, ns, field_selector="involvedObject.name=too-big"))["items"]
+    # the Event is recorded just after the status: wait for it rather than race it, then count
+    selector = "involvedObject.name=too-big"
+
+    async def capacity_event() -> None:
+        async for item in watch_objects(consumer_client, EVENTS, namespace=ns, field_selector=selector):
+            if not isinstance(item, Listed) and item.object["reason"] == "ProviderCapacity":
+                return
+
+    await asyncio.wait_for(capacity_event(), 15)
+    events = (await consumer_client.list(EVENTS, ns, field_selector=selector))["items"]
     assert [e["reason"] for e in events if e["reason"] == "ProviderCapacity"] == ["ProviderCapacity"]
 
 

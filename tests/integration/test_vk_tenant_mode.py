@@ -111,6 +111,7 @@ async def bind(provider: KubeClient, namespace: str, user: str, rules: list[dict
     await provider.create(ROLEBINDINGS, binding, namespace)
 
 
+RO = ["get", "list", "watch"]
 TENANT_RULES = [
     {"apiGroups": ["sharing.gpuferry.io"], "resources": ["gpuslices"], "verbs": ["get", "list", "watch"]},
     {
@@ -118,6 +119,8 @@ TENANT_RULES = [
         "resources": ["namespaceoffloadings"],
         "verbs": ["get", "list", "watch"],
     },
+    # the provider's PeerNetwork for the consumer: where the provider reaches consumer pods
+    {"apiGroups": ["net.gpuferry.io"], "resources": ["peernetworks"], "verbs": [*RO, "patch"]},
 ]
 RW = ["get", "list", "watch", "create", "update", "patch", "delete"]
 TWIN_RULES = [  # as the provider controller binds them in twin namespaces (pods, copies, tokens)
