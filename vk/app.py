@@ -29,6 +29,7 @@ from kube.watching import Listed, WatchEvent, watch_objects
 from .forge.accessories import CONFIGMAP, SECRET
 from .forge.labels import owner_selector
 from .forge.names import twin_namespace
+from .forge.node import network_condition
 from .forge.pods import ForgeOptions
 from .kubelet import KubeletContext, serve_kubelet_api
 from .kubelet.certificates import ServingCertificate
@@ -353,6 +354,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
             namespace=settings.peer_network_namespace,
             peer_id=settings.provider_cluster_id,
             on_change=remap_changed,
+            on_object=lambda obj: node.set_network(network_condition(obj)),
             settings=settings.watch,
         )
 

@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,13 +24,14 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import GATEWAY_IP
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import CONFIGMAPS, PEERNETWORKS, SECRETS
+from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS
 from netfabric.objects import rotate_private_key
 from netfabric.wireguard import wireguard_go_pids
 from peering.localagents import all_agents, find_agent, stop_agent
 
 from .localnet import Pod, fabric_leftovers, pod_on
 from .test_e2e_story import H100, Cli, cache_of
+from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -78,6 +80,11 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
     assert result["network"]["endpoint"] == "172.31.0.2:51820"
     assert result["network"]["consumer"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
     assert result["network"]["provider"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
+    # the virtual node says the tunnel is up (its own NetworkReady follows the gateway's)
+    def tunnel_up(node: dict[str, Any]) -> bool:
+        return (condition(node, "NetworkReady") or {}).get("reason") == "HandshakeRecent"
+
+    await wait_for(consumer_client, NODES, "gpuferry-gpu-farm", tunnel_up)
 
     with pod_on(consumer, POD_IP, "consumer-pod") as here, pod_on(provider, POD_IP, "provider-pod") as there:
         # both ways, each by the other's remapped address; the same 10.244.1.10 on both sides does

@@ -94,6 +94,7 @@ _STEADY: tuple[tuple[str, str, str], ...] = (
     ("NetworkUnavailable", "ProviderNetwork", "pods use the provider cluster's network"),
 )
 PROVIDER_REACHABLE = "ProviderReachable"
+NETWORK_READY = "NetworkReady"
 
 
 class Condition(NamedTuple):
@@ -109,8 +110,26 @@ def condition(type_: str, ok: bool, reason: str, message: str) -> Condition:
     return Condition(type_, "True" if ok else "False", reason, message)
 
 
-def node_conditions(*, provider_reachable: bool | None, provider_error: str = "") -> list[Condition]:
-    """Ready (and the custom ``ProviderReachable``) follow the provider API server's /readyz.
+def network_condition(peer_network: Mapping[str, Any] | None) -> Condition:
+    """The custom ``NetworkReady``: the tunnel to the provider as its gateway reports it in the
+    PeerNetwork's own NetworkReady (None: no fabric for this provider, so nothing to wait for)."""
+    if peer_network is None:
+        return Condition(NETWORK_READY, "True", "NoNetworkFabric",
+                         "no network fabric for this provider (peered without one): nothing to wait for")
+    for c in (peer_network.get("status") or {}).get("conditions") or []:
+        if c.get("type") == NETWORK_READY:
+            status = str(c.get("status"))
+            status = status if status in ("True", "False") else "Unknown"
+            message = f"tunnel to the provider: {c.get('message', '')}"
+            return Condition(NETWORK_READY, status, str(c.get("reason") or "Unknown"), message)
+    return Condition(NETWORK_READY, "Unknown", "GatewayNotReported", "the gateway has not reported yet")
+
+
+def node_conditions(
+    *, provider_reachable: bool | None, provider_error: str = "", network: Condition | None = None
+) -> list[Condition]:
+    """Ready (and the custom ``ProviderReachable``) follow the provider API server's /readyz;
+    ``network`` (see `network_condition`) is added as it is.
 
     ``None``: not probed yet. The pressure conditions are always False.
     """
@@ -127,7 +146,7 @@ def node_conditions(*, provider_reachable: bool | None, provider_error: str = ""
                           f"the provider API server is unreachable: {detail}")
         reach = Condition(PROVIDER_REACHABLE, "False", "ProbeFailed", f"provider /readyz failed: {detail}")
     steady = [Condition(t, "False", reason, message) for t, reason, message in _STEADY]
-    return [ready, *steady, reach]
+    return [ready, *steady, reach, *([network] if network is not None else [])]
 
 
 def is_gfd_label(key: str) -> bool:

@@ -64,6 +64,7 @@ from ..forge.node import (
     GPU_COUNT_LABEL,
     KUBELET_VERSION,
     LARGEST_BLOCK_ANNOTATION,
+    Condition,
     is_gfd_label,
     kubelet_version,
     node_conditions,
@@ -142,6 +143,8 @@ class NodeController:
         self.reachable: bool | None = None
         """Whether the provider API server answers /readyz (``None``: not probed yet)."""
         self.probe_error = ""
+        self.network: Condition | None = None
+        """The NetworkReady condition (None until the PeerNetwork was looked at)."""
         self._probed = asyncio.Event()
         self._probe_failures = 0
         self._dirty = asyncio.Event()
@@ -217,6 +220,12 @@ class NodeController:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
         reflector re-examines gated pods then, instead of waiting for a timer)."""
         self._capacity_listeners.append(listener)
+
+    def set_network(self, condition: Condition) -> None:
+        """The fabric's view of the tunnel changed: the Node says so at its next status write."""
+        if condition != self.network:
+            self.network = condition
+            self._dirty.set()
 
     def _mark_dirty(self) -> None:
         self._dirty.set()
@@ -294,7 +303,9 @@ class NodeController:
             kubelet_port=settings.kubelet_port,
             provider_labels=labels,
             shape=shape,
-            conditions=node_conditions(provider_reachable=self.reachable, provider_error=self.probe_error),
+            conditions=node_conditions(
+                provider_reachable=self.reachable, provider_error=self.probe_error, network=self.network
+            ),
             now=_now(),
             extra_labels=settings.node_labels,
             previous_conditions=((current or {}).get("status") or {}).get("conditions") or (),

@@ -37,12 +37,15 @@ class PeerNetworkFollower:
         namespace: str,
         peer_id: str,
         on_change: Callable[[Callable[[str], str]], None],
+        on_object: Callable[[RawObject | None], None] | None = None,
         settings: WatchSettings | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.provider_id = peer_id
         self.on_change = on_change
+        self.on_object = on_object
+        """Called with the PeerNetwork (None: none) on every change of it, status included."""
         self.settings = settings or WatchSettings()
         self._objects: dict[ObjectKey, RawObject] = {}
         self._current: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
@@ -51,6 +54,8 @@ class PeerNetworkFollower:
         ours = [
             o for o in self._objects.values() if (o.get("spec") or {}).get("clusterID") == self.provider_id
         ]
+        if self.on_object is not None:
+            self.on_object(ours[0] if ours else None)
         spec = (ours[0].get("spec") or {}) if ours else {}
         status = (ours[0].get("status") or {}) if ours else {}
         pair = (tuple(spec.get("podCIDRs") or ()), tuple(status.get("remappedPodCIDRs") or ()))

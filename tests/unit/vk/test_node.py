@@ -18,7 +18,9 @@ from vk.forge.node import (
     LARGEST_BLOCK_ANNOTATION,
     LARGEST_GPU_BLOCK_LABEL,
     MANAGED_LABELS_ANNOTATION,
+    Condition,
     kubelet_version,
+    network_condition,
     node_conditions,
     node_metadata_patch,
     node_shape,
@@ -495,3 +497,18 @@ def test_view_fit_uses_the_pods_tolerations_and_node_selector() -> None:
     assert view.fit(pod).ok
     pod["spec"]["nodeSelector"]["nvidia.com/gpu.product"] = "NVIDIA-L4"
     assert not view.fit(pod).ok
+
+
+def test_the_network_condition_follows_the_peer_networks_own() -> None:
+    assert network_condition(None) == Condition(
+        "NetworkReady", "True", "NoNetworkFabric",
+        "no network fabric for this provider (peered without one): nothing to wait for",
+    )  # fmt: skip
+    assert network_condition({"status": {}}).status == "Unknown"
+    down = {"status": {"conditions": [{"type": "NetworkReady", "status": "False", "reason": "NoHandshake",
+                                       "message": "no handshake in 3m"}]}}  # fmt: skip
+    assert network_condition(down) == Condition(
+        "NetworkReady", "False", "NoHandshake", "tunnel to the provider: no handshake in 3m"
+    )
+    conditions = node_conditions(provider_reachable=True, network=network_condition(down))
+    assert conditions[-1].type == "NetworkReady" and conditions[-1].status == "False"
