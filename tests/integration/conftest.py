@@ -12,6 +12,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +20,9 @@ from hack.localcluster import LocalCluster, profile_clusters
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, SERVICEACCOUNTS, RawObject
+from peering.localagents import all_agents, stop_agent
 
+from .clirunner import Cli, cache_of
 from .waiting import wait_for
 
 
@@ -87,3 +90,14 @@ async def make_namespace(request: pytest.FixtureRequest) -> AsyncIterator[Namesp
 @pytest.fixture
 async def provider_ns(provider_client: KubeClient, make_namespace: NamespaceFactory) -> str:
     return await make_namespace(provider_client)
+
+
+@pytest.fixture
+async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
+    runner = Cli(consumer, provider, tmp_path / "cache")
+    yield runner
+    # a failed test must not leave its peering to the next one (unpeer is idempotent)
+    await runner("unpeer", "--kubeconfig", runner.c, "--remote-kubeconfig", runner.p, "-q")
+    with cache_of(runner):
+        for agent in all_agents():  # whatever a failed test left running
+            stop_agent(agent)

@@ -9,10 +9,13 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import IPv4Address
 from pathlib import Path
 
 from hack.localcluster import LocalCluster
 from hack.localcluster.network import can_make_networks, local_network
+
+from ..netns.topology import attach_pod
 
 ECHO_SERVER = Path(__file__).parents[1] / "netns" / "echo_server.py"
 HTTP_PORT = 8080
@@ -58,14 +61,7 @@ def pod_on(cluster: LocalCluster, ip: str, name: str) -> Iterator[Pod]:
     server: subprocess.Popen[bytes] | None = None
     try:
         sh("ip", "-n", netns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", veth, "netns", node, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        sh("ip", "-n", node, "addr", "add", "169.254.1.1/32", "dev", veth)
-        sh("ip", "-n", node, "link", "set", veth, "up")
-        sh("ip", "-n", node, "route", "add", f"{ip}/32", "dev", veth, "scope", "link")
-        sh("ip", "-n", netns, "addr", "add", f"{ip}/32", "dev", "eth0")
-        sh("ip", "-n", netns, "link", "set", "eth0", "up")
-        sh("ip", "-n", netns, "route", "add", "169.254.1.1", "dev", "eth0", "scope", "link")
-        sh("ip", "-n", netns, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0")
+        attach_pod(node, netns, veth, IPv4Address(ip))
         sh("ip", "netns", "exec", node, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         server = subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, str(ECHO_SERVER), name],

@@ -14,8 +14,8 @@ from hack.localcluster import LocalCluster, second_provider
 from kube.clients import KubeClient
 from kube.objects import JOBS, PODS
 
+from .clirunner import Cli, cache_of
 from .conftest import NamespaceFactory
-from .test_e2e_story import Cli, cache_of
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration

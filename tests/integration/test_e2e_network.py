@@ -14,8 +14,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -27,10 +26,11 @@ from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS
 from netfabric.objects import rotate_private_key
 from netfabric.wireguard import wireguard_go_pids
-from peering.localagents import all_agents, find_agent, stop_agent
+from peering.localagents import all_agents, find_agent
 
+from .clirunner import Cli, cache_of
 from .localnet import Pod, fabric_leftovers, pod_on
-from .test_e2e_story import H100, Cli, cache_of
+from .test_e2e_story import H100
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,16 +41,6 @@ REMOTE_POD = "10.64.1.10"
 FROM_GW = f"provider-pod {GATEWAY_IP}"
 CONSUMER_KEY = "gpuferry-gateway-gpu-farm"
 PEER = ["--cluster-id", "ml-eu", "--remote-cluster-id", "gpu-farm", "--gpus", "2", "--selector", H100]
-
-
-@pytest.fixture
-async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
-    runner = Cli(consumer, provider, tmp_path / "cache")
-    yield runner
-    await runner("unpeer", "--kubeconfig", runner.c, "--remote-kubeconfig", runner.p, "-q")
-    with cache_of(runner):
-        for agent in all_agents():
-            stop_agent(agent)
 
 
 async def eventually(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:

@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
-import os
-import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +34,10 @@ from kube.objects import (
     RawObject,
     Resource,
 )
-from peering.localagents import all_agents, stop_agent
+from peering.localagents import all_agents
 from vk.kubelet.certificates import csr_object, make_key_and_csr
 
+from .clirunner import Cli, cache_of
 from .conftest import NamespaceFactory
 from .relay import kubeconfig_via
 from .waiting import condition, wait_for
@@ -85,57 +82,6 @@ spec:
       containers:
       - {name: train, image: nvcr.io/nvidia/pytorch:25.01-py3, resources: {limits: {nvidia.com/gpu: "1"}}}
 """
-
-
-class Cli:
-    def __init__(self, consumer: LocalCluster, provider: LocalCluster, cache: Path) -> None:
-        self.c, self.p = str(consumer.spec.kubeconfig), str(provider.spec.kubeconfig)
-        self.env = {**os.environ, "GPUFERRY_CACHE": str(cache)}
-
-    async def __call__(self, *args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "peering.cli.main",
-            *args,
-            env=self.env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 300)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
-
-    async def ok(self, *args: str) -> str:
-        code, out, err = await self(*args)
-        assert code == 0, f"gpuferry {' '.join(args)} failed ({code}):\n{err}\n{out}"
-        assert "Traceback" not in err
-        return out
-
-
-@contextlib.contextmanager
-def cache_of(cli: Cli) -> Iterator[None]:
-    """This process looks at the CLI's agents (their records live under $GPUFERRY_CACHE)."""
-    previous = os.environ.get("GPUFERRY_CACHE")
-    os.environ["GPUFERRY_CACHE"] = cli.env["GPUFERRY_CACHE"]
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop("GPUFERRY_CACHE", None)
-        else:
-            os.environ["GPUFERRY_CACHE"] = previous
-
-
-@pytest.fixture
-async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
-    runner = Cli(consumer, provider, tmp_path / "cache")
-    yield runner
-    # a failed test must not leave its peering to the next one (unpeer is idempotent)
-    await runner("unpeer", "--kubeconfig", runner.c, "--remote-kubeconfig", runner.p, "-q")
-    with cache_of(runner):
-        for agent in all_agents():  # whatever a failed test left running
-            stop_agent(agent)
 
 
 async def names(client: KubeClient, resource: Resource, **kw: Any) -> set[str]:

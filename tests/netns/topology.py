@@ -100,7 +100,7 @@ class Topology:
         return self.a.namespaces + self.b.namespaces
 
 
-def _attach_pod(node: str, pod: str, node_if: str, ip: IPv4Address) -> None:
+def attach_pod(node: str, pod: str, node_if: str, ip: IPv4Address) -> None:
     sh("ip", "link", "add", node_if, "netns", node, "type", "veth", "peer", "name", "eth0", "netns", pod)
     sh("ip", "-n", node, "addr", "add", "169.254.1.1/32", "dev", node_if)
     sh("ip", "-n", node, "link", "set", node_if, "up")
@@ -124,9 +124,9 @@ def _build_cluster(cluster: Cluster) -> None:
         sh("ip", "-n", node, "link", "set", "node", "up")
     sh("ip", "-n", n1, "route", "add", "10.244.2.0/24", "via", str(NODE2_IP))
     sh("ip", "-n", n2, "route", "add", "10.244.1.0/24", "via", str(NODE1_IP))
-    _attach_pod(n1, cluster.ns("p1"), "vp1", POD1_IP)
-    _attach_pod(n2, cluster.ns("p2"), "vp2", POD2_IP)
-    _attach_pod(n2, cluster.gw, "vgw", GATEWAY_IP)
+    attach_pod(n1, cluster.ns("p1"), "vp1", POD1_IP)
+    attach_pod(n2, cluster.ns("p2"), "vp2", POD2_IP)
+    attach_pod(n2, cluster.gw, "vgw", GATEWAY_IP)
 
 
 def _antispoof(node: str) -> None:
