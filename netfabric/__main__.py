@@ -112,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(LoggingSettings.from_env())
     try:
+        if args.command == "gateway" and args.netns and not Path("/run/netns", args.netns).exists():
+            # pyroute2 would make it: a gateway in an empty namespace of its own, reaching nothing
+            raise NetworkConfigError(f"network namespace {args.netns} does not exist", "--netns")
         if args.command == "down":
+            if args.netns and not Path("/run/netns", args.netns).exists():
+                print(f"network namespace {args.netns} does not exist: nothing of the gateway can be left")
+                return 0
             return asyncio.run(_down(args))
         asyncio.run(_main(args))
     except (NetworkConfigError, KubeError) as e:

@@ -18,6 +18,7 @@ whose process died is started again; ``stop`` ends it (SIGTERM, then SIGKILL).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "find_agent", "stop_agent", "wait_exited"]
+__all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "exited", "find_agent", "stop_agent"]
 
 ROLES = {"provider": "peering.provider", "consumer": "peering.consumer", "gateway": "netfabric"}
 
@@ -124,14 +125,29 @@ def ensure_agent(
     return agent, True
 
 
-def wait_exited(agent: Agent, timeout: float) -> bool:
-    """Wait until the agent's process has exited by itself; whether it did within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while agent.pid() is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+async def exited(agent: Agent) -> None:
+    """Returns once the agent's process has exited (at once if it is not running). Event-driven:
+    a pidfd becomes readable when its process ends."""
+    pid = agent.pid()
+    if pid is None:
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -34,6 +34,7 @@ from kube.objects import PEERNETWORKS, RawObject
 __all__ = [
     "DECLARATION_NAME",
     "DECLARATION_NAMESPACE",
+    "FAILED_REASONS",
     "PUBLIC_KEY_ANNOTATION",
     "Declaration",
     "DeclarationError",
@@ -165,6 +166,10 @@ def peer_network(
         },
         "spec": spec,
     }
+
+
+#: NetworkReady reasons that waiting does not cure: the input must change (or the node be fixed).
+FAILED_REASONS = frozenset({"InvalidConfig", "RemapPoolExhausted", "EndpointUnresolvable", "ApplyFailed"})
 
 
 def network_ready(obj: Mapping[str, Any]) -> tuple[bool | None, str, str]:

@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from kube.clients import KubeClient
@@ -31,10 +32,11 @@ from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, PEERNETWORKS, SECRETS, RawObject
 
 from .. import flow
-from ..localagents import Agent, all_agents, ensure_agent, find_agent, stop_agent, wait_exited
+from ..localagents import Agent, all_agents, ensure_agent, exited, find_agent, stop_agent
 from ..network import (
     DECLARATION_NAME,
     DECLARATION_NAMESPACE,
+    FAILED_REASONS,
     PUBLIC_KEY_ANNOTATION,
     Declaration,
     DeclarationError,
@@ -108,18 +110,39 @@ def _placement(
     return GatewayPlacement(cluster_id, peer_id, slot, namespace, d, listens)
 
 
-async def _public_key(client: KubeClient, namespace: str, peer_id: str, timeout: float, side: str) -> str:
+async def _public_key(
+    client: KubeClient, namespace: str, peer_id: str, timeout: float, side: str, agent: Agent | None
+) -> str:
+    """The gateway's public key once it published it; fails at once if its local process died."""
+
     def published(secret: RawObject) -> str | None:
         return "" if (secret["metadata"].get("annotations") or {}).get(PUBLIC_KEY_ANNOTATION) else None
 
+    what = f"the {side} gateway's key (Secret {namespace}/{key_secret_name(peer_id)})"
+    waiting = asyncio.ensure_future(
+        wait_until(client, SECRETS, key_secret_name(peer_id), namespace, published, timeout, what)
+    )
+    died = asyncio.ensure_future(exited(agent) if agent else asyncio.sleep(timeout + 1))
     try:
-        secret = await wait_until(
-            client, SECRETS, key_secret_name(peer_id), namespace, published, timeout,
-            f"the {side} gateway's key (Secret {namespace}/{key_secret_name(peer_id)})",
-        )  # fmt: skip
-    except PeeringError as e:
-        raise PeeringError(f"{e} (is the {side}'s gateway running? see `gpuferry agents`)") from None
-    return str(secret["metadata"]["annotations"][PUBLIC_KEY_ANNOTATION])
+        await asyncio.wait({waiting, died}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (waiting, died):
+            task.cancel()
+    if waiting.done() and not waiting.cancelled():
+        try:
+            secret = waiting.result()
+        except PeeringError as e:
+            raise PeeringError(f"{e} (is the {side}'s gateway running? see `gpuferry agents`)") from None
+        return str(secret["metadata"]["annotations"][PUBLIC_KEY_ANNOTATION])
+    assert agent is not None
+    raise PeeringError(f"the {side}'s gateway exited; the end of its log ({agent.log}):\n{_tail(agent.log)}")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(unreadable: {e})"
 
 
 async def network_up(
@@ -138,17 +161,20 @@ async def network_up(
     c_gw = _placement(consumer_id, provider_id, c_ns, mine, listens=False)
     p_gw = _placement(provider_id, consumer_id, p_ns, theirs, listens=True)
     port = p_gw.port if args.agents == "local" else theirs.endpoint_port
+    agents: dict[str, Agent | None] = {"consumer": None, "provider": None}
     if args.agents == "local":
-        for placement, path in ((c_gw, args.kubeconfig), (p_gw, args.remote_kubeconfig)):
+        sides = (("consumer", c_gw, args.kubeconfig), ("provider", p_gw, args.remote_kubeconfig))
+        for side, placement, path in sides:
             name = f"{placement.cluster_id}-{placement.peer_id}"
             agent, started = ensure_agent("gateway", name, path, args=tuple(gateway_args(placement)))
+            agents[side] = agent
             progress.note(
                 f"{placement.cluster_id}: gateway towards {placement.peer_id} "
                 f"{'started' if started else 'running'} in netns {placement.declaration.gateway_netns} "
                 f"(log: {agent.log})"
             )
-    c_key = await _public_key(consumer, c_ns, provider_id, args.timeout, "consumer")
-    p_key = await _public_key(provider, p_ns, consumer_id, args.timeout, "provider")
+    c_key = await _public_key(consumer, c_ns, provider_id, args.timeout, "consumer", agents["consumer"])
+    p_key = await _public_key(provider, p_ns, consumer_id, args.timeout, "provider", agents["provider"])
     endpoint = (str(theirs.endpoint_address), port)
     objects = (
         (consumer, peer_network(name=provider_id, namespace=c_ns, peer_id=provider_id, peer=theirs,
@@ -161,11 +187,20 @@ async def network_up(
                            patch_type="apply", field_manager="gpuferry-cli", force=True)  # fmt: skip
     progress.step(f"PeerNetworks applied; the consumer's gateway dials {endpoint[0]}:{endpoint[1]}")
 
+    failed: list[str] = []
+
     def ready(obj: RawObject) -> str | None:
-        ok = network_ready(obj)[0]
+        ok, reason, message = network_ready(obj)
         generation = obj["metadata"].get("generation")
-        if ok and (obj.get("status") or {}).get("observedGeneration", generation) == generation:
+        if (obj.get("status") or {}).get("observedGeneration", generation) != generation:
+            return None  # about an older spec
+        if ok:
             return ""
+        if reason in FAILED_REASONS:  # waiting does not help: say so now
+            where = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+            failed.append(f"the gateway for {where} reports {reason}: {message} "
+                          "(the peering itself stays; fix it and run peer again, or unpeer)")  # fmt: skip
+            return failed[-1]
         return None
 
     out: dict[str, Any] = {"endpoint": f"{endpoint[0]}:{endpoint[1]}"}
@@ -175,6 +210,8 @@ async def network_up(
             obj = await wait_until(client, PEERNETWORKS, name, namespace, ready, args.timeout,
                                    f"the {side}'s PeerNetwork {namespace}/{name}")  # fmt: skip
         except PeeringError:
+            if failed:
+                raise
             with contextlib.suppress(NotFound):
                 obj = await client.get(PEERNETWORKS, name, namespace)
                 raise PeeringError(
@@ -206,36 +243,47 @@ async def network_down(
     provider_id: str,
     timeout: float,
     progress: Progress,
-) -> list[str]:
-    """Remove the fabric of this peering; what was removed (for ``unpeer``'s report)."""
+) -> tuple[list[str], list[str]]:
+    """Remove the fabric of this peering: what was removed (for ``unpeer``'s report) and what
+    could not be (``unpeer`` goes on with the rest, then fails naming it)."""
     removed: list[str] = []
+    problems: list[str] = []
     sides = (
         ("consumer", consumer, flow.CONSUMER_NAMESPACE, provider_id, consumer_id),
         ("provider", provider, tenant_namespace(consumer_id), consumer_id, provider_id),
     )
+    deleted: set[str] = set()
     for side, client, namespace, name, _ in sides:
         with contextlib.suppress(NotFound):
             await client.delete(PEERNETWORKS, name, namespace)
             removed.append(f"{side}: PeerNetwork {namespace}/{name}")
+            deleted.add(side)
     for side, client, namespace, name, cluster_id in sides:
         agent = find_agent("gateway", f"{cluster_id}-{name}")
         if agent is not None:
-            await _end_gateway(agent, timeout)
-            removed.append(f"{side}: gateway towards {name}")
+            # a gateway tears down and exits once its PeerNetwork goes; one that never had one
+            # (peer stopped before) has nothing to tear down and waits forever: stop it at once
+            if left := await _end_gateway(agent, timeout if side in deleted else 0):
+                problems.append(f"{side}: the gateway towards {name} left things behind: {left}")
+            else:
+                removed.append(f"{side}: gateway towards {name}")
         with contextlib.suppress(NotFound):  # a gateway removes its key; one that never ran cannot
             await client.delete(SECRETS, key_secret_name(name), namespace)
         with contextlib.suppress(NotFound, PeeringError):
             await wait_gone(client, SECRETS, key_secret_name(name), namespace, timeout=timeout)
             removed.append(f"{side}: key Secret {namespace}/{key_secret_name(name)}")
-    if removed:
+    if removed and not problems:
         progress.step("network fabric removed (tunnels, routes, nft tables, keys)")
-    return removed
+    return removed, problems
 
 
-async def _end_gateway(agent: Agent, timeout: float) -> None:
+async def _end_gateway(agent: Agent, timeout: float) -> str:
     """Let the gateway finish its teardown (it exits once its PeerNetwork is gone), stop it if it
-    does not, then check with ``python -m netfabric down`` that nothing of it is left."""
-    await asyncio.to_thread(wait_exited, agent, timeout)
+    does not, then check with ``python -m netfabric down`` that nothing of it is left; returns
+    what is ("" when nothing)."""
+    if timeout > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(exited(agent), timeout)
     await asyncio.to_thread(stop_agent, agent)
     sweep = [a for a in agent.args if a != "gateway"]
     keep = {"--netns", "--iface", "--fwmark", "--route-table", "--peer-network"}
@@ -247,8 +295,7 @@ async def _end_gateway(agent: Agent, timeout: float) -> None:
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     out, _ = await proc.communicate()
-    if proc.returncode:
-        raise PeeringError(f"the gateway {agent.cluster_id} left things behind: {out.decode().strip()}")
+    return out.decode().strip() if proc.returncode else ""
 
 
 def _age(timestamp: str | None) -> str | None:

@@ -322,7 +322,7 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
                 await consumer.delete(NODES, node)
             await wait_gone(consumer, NODES, node, None, timeout=args.timeout)
         progress.step(f"virtual node {node} gone")
-        fabric = await network_down(
+        fabric, left = await network_down(
             consumer, provider, consumer_id=consumer_id, provider_id=provider_id,
             timeout=args.timeout, progress=progress,
         )  # fmt: skip
@@ -350,6 +350,8 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
             removed += await _forget_cluster(consumer, "consumer", admission=True)
         if no_tenants and not await _peered_anywhere(provider):
             removed += await _forget_cluster(provider, "provider", admission=False)
+    if left:
+        raise UserError("unpeered, but the network fabric left things behind: " + "; ".join(left))
     emit(
         {"consumer": consumer_id, "provider": provider_id, "removed": removed},
         args.output,

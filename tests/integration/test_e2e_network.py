@@ -15,6 +15,7 @@ import json
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,3 +156,40 @@ async def test_a_malformed_declaration_stops_peer_before_any_change(
             await consumer_client.get(CONFIGMAPS, "gpuferry-cluster-id", "gpuferry-system")
     finally:
         await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": declared["data"]}, "kube-system")
+
+
+NOWHERE = "gf-test-nowhere"
+
+
+@pytest.mark.parametrize(
+    "declared,expected",
+    [
+        # the declared gateway namespace is not there (a typo, a node without the fabric's network)
+        ({"gatewayNetns": NOWHERE}, ["the consumer's gateway exited", f"{NOWHERE} does not exist"]),
+        # local services fill the whole remap pool: the provider's pods have no free view
+        ({"serviceCIDRs": "10.64.0.0/10"}, ["reports RemapPoolExhausted", "the peering itself stays"]),
+    ],
+)
+async def test_a_gateway_that_cannot_come_up_fails_peer_at_once_and_unpeer_still_cleans_up(
+    cli: Cli,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    declared: dict[str, str],
+    expected: list[str],
+) -> None:
+    before = await consumer_client.get(CONFIGMAPS, "gpuferry-network", "kube-system")
+    try:
+        await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": declared}, "kube-system")
+        code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER)
+        assert code != 0 and "Traceback" not in err
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert all(part in err for part in expected), err
+        assert "after 120s" not in line, "a gateway that cannot come up is reported at once"
+    finally:
+        await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": before["data"]}, "kube-system")
+    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q")
+    assert fabric_leftovers(consumer) == [] and fabric_leftovers(provider) == []
+    assert not await asyncio.to_thread(Path("/run/netns", NOWHERE).exists), "a gateway made its namespace"
+    with cache_of(cli):
+        assert not [a for a in all_agents() if a.pid() is not None]
