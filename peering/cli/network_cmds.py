@@ -348,19 +348,20 @@ def render_rows(rows: list[dict[str, Any]], console: Any) -> None:
         console.print("network: no peer networks (peered with --no-network, or not peered)")
         return
     t = Table(title="network fabric (WireGuard tunnels)")
-    for col in ("peer", "ready", "endpoint", "handshake", "received", "sent", "remaps (peer → here)"):
-        t.add_column(col)
+    for col in ("peer", "ready", "endpoint", "handshake", "bytes in/out"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(
             str(r["peer"]),
             "yes" if r["ready"] else f"no ({r['reason']}: {r['message']})",
-            r["endpoint"] or f"dials in from {r['peerSeenFrom'] or '-'}",
+            r["endpoint"] or f"from {r['peerSeenFrom'] or '-'}",
             f"{r['handshakeAge']} ago" if r["handshakeAge"] else "never",
-            str(r["bytes"].get("received", "-")),
-            str(r["bytes"].get("sent", "-")),
-            ", ".join(f"{m['peer']} → {m['here']}" for m in r["remaps"]) or "-",
+            f"{r['bytes'].get('received', '-')}/{r['bytes'].get('sent', '-')}",
         )
     console.print(t)
+    for r in rows:  # one line each: the CIDRs are what people copy
+        remaps = ", ".join(f"{m['peer']} → {m['here']}" for m in r["remaps"]) or "none yet"
+        console.print(f"{r['peer']}'s CIDRs as seen here: {remaps}")
 
 
 async def cmd_network_status(args: argparse.Namespace) -> int:
