@@ -194,8 +194,11 @@ async def run_gateway(
             if current != runner.private_key:
                 runner.private_key, runner.plan, own_key = current, None, public_key(current)
                 log.info("key rotated: new public key %s", own_key)
-                await publish_public_key(client, namespace=namespace, name=key_secret, key=own_key,
-                                         annotation=PUBLIC_KEY_ANNOTATION)
+                try:  # (the PeerNetwork's annotation, below, is what reaches the peer)
+                    await publish_public_key(client, namespace=namespace, name=key_secret, key=own_key,
+                                             annotation=PUBLIC_KEY_ANNOTATION)
+                except KubeError as e:
+                    log.warning("annotating the key Secret %s failed: %s", key_secret, e)
             status = await runner.on_object(obj)
             if isinstance(generation, int):  # what the status (and its NetworkReady) is about
                 status = {**status, "observedGeneration": generation}
