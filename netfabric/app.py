@@ -32,7 +32,7 @@ from kube.objects import ObjectKey, RawObject
 from kube.tasks import run_supervised
 from kube.watching import WatchEvent, watch_objects
 from netfabric.agent import AgentSettings, sync_node
-from netfabric.conditions import Reason
+from netfabric.conditions import NETWORK_READY, Reason
 from netfabric.gateway import GatewayPlan, GatewaySettings, gateway_down
 from netfabric.keys import public_key
 from netfabric.model import ClusterNetwork, Remap
@@ -55,6 +55,16 @@ logger = logging.getLogger(__name__)
 PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
 """On the PeerNetwork this gateway reconciles, and on its key Secret: the gateway's public key,
 for the peering to hand to the peer (the Secret's from the start, before any PeerNetwork exists)."""
+
+
+AWAITING_REFRESH = 1.0
+"""Seconds between status passes while an applied tunnel awaits its handshake."""
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == NETWORK_READY and c.get("status") == "True" for c in status.get("conditions") or []
+    )
 
 
 def remaps_from_status(obj: Mapping[str, Any]) -> list[Remap]:
@@ -202,7 +212,10 @@ async def run_gateway(
             status = await runner.on_object(obj)
             if isinstance(generation, int):  # what the status (and its NetworkReady) is about
                 status = {**status, "observedGeneration": generation}
-            next_refresh = clock() + status_interval
+            # a tunnel applied but not shaken hands yet is looked at every second, so that
+            # NetworkReady turns True about when the handshake happens, not a status interval later
+            waiting = runner.plan is not None and not _ready(status)
+            next_refresh = clock() + (min(AWAITING_REFRESH, status_interval) if waiting else status_interval)
             try:
                 annotations = (obj.get("metadata") or {}).get("annotations") or {}
                 if annotations.get(PUBLIC_KEY_ANNOTATION) != own_key:

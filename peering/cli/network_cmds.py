@@ -182,12 +182,23 @@ async def network_up(
         (provider, peer_network(name=consumer_id, namespace=p_ns, peer_id=consumer_id, peer=mine,
                                 public_key=c_key, endpoint=None)),
     )  # fmt: skip
-    for client, body in objects:
-        await client.patch(PEERNETWORKS, body["metadata"]["name"], body, body["metadata"]["namespace"],
-                           patch_type="apply", field_manager="gpuferry-cli", force=True)  # fmt: skip
-    progress.step(f"PeerNetworks applied; the consumer's gateway dials {endpoint[0]}:{endpoint[1]}")
-
     failed: list[str] = []
+
+    def applied(obj: RawObject) -> str | None:
+        """The gateway has taken this spec (whatever it made of it)."""
+        generation = obj["metadata"].get("generation")
+        return "" if (obj.get("status") or {}).get("observedGeneration") == generation else None
+
+    # the server side first: a client's first handshake that finds no server configured for it
+    # is only retried after WireGuard's rekey timeout (5 s)
+    for client, body in reversed(objects):
+        name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        obj = await client.patch(PEERNETWORKS, name, body, namespace, patch_type="apply",
+                                 field_manager="gpuferry-cli", force=True)  # fmt: skip
+        if client is provider and applied(obj) is None:
+            await wait_until(client, PEERNETWORKS, name, namespace, applied, args.timeout,
+                             f"the provider's gateway to take PeerNetwork {namespace}/{name}")  # fmt: skip
+    progress.step(f"PeerNetworks applied; the consumer's gateway dials {endpoint[0]}:{endpoint[1]}")
 
     def ready(obj: RawObject) -> str | None:
         ok, reason, message = network_ready(obj)
