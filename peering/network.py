@@ -8,7 +8,10 @@ Each cluster declares its network in the ConfigMap ``kube-system/gpuferry-networ
     embedded mode: the network namespace the local gateways run in and their pod IP;
 ``endpointAddress``, ``endpointPort``
     where peers reach this cluster's gateways (a provider's NodePort or LoadBalancer address;
-    embedded gateways listen on ``endpointPort`` + their slot, 51820 by default).
+    embedded gateways listen on ``endpointPort`` + their slot, 51820 by default);
+``mtu``
+    of this cluster's tunnel interfaces (default 1420: a 1500-byte underlay less WireGuard's
+    worst case); lower it for an underlay that already encapsulates (e.g. 1370 over VXLAN).
 
 A peering has one PeerNetwork on each side, each describing *the other* cluster: on the consumer
 ``gpuferry-system/<provider-id>`` (with the provider's endpoint: the consumer dials), on the
@@ -68,6 +71,7 @@ class Declaration:
     gateway_ip: str | None = None
     endpoint_address: str | None = None
     endpoint_port: int = DEFAULT_PORT
+    mtu: int | None = None
 
     @property
     def embedded(self) -> bool:
@@ -124,7 +128,11 @@ def declaration_from_configmap(cm: Mapping[str, Any] | None, *, side: str) -> De
     port_text = str(data.get("endpointPort") or DEFAULT_PORT)
     if not port_text.isdigit() or not 0 < int(port_text) < 65536 - MAX_SLOTS:
         raise DeclarationError(f"{where}: endpointPort {port_text!r} is not a UDP port")
+    mtu_text = str(data.get("mtu") or "")
+    if mtu_text and (not mtu_text.isdigit() or not 1280 <= int(mtu_text) <= 9000):
+        raise DeclarationError(f"{where}: mtu {mtu_text!r} is not a number between 1280 and 9000")
     return Declaration(
+        mtu=int(mtu_text) if mtu_text else None,
         pod_cidrs=pods,
         service_cidrs=services,
         gateway_netns=data.get("gatewayNetns") or None,
@@ -146,8 +154,10 @@ def peer_network(
     peer: Declaration,
     public_key: str,
     endpoint: tuple[str, int] | None,
+    mtu: int | None = None,
 ) -> RawObject:
-    """The PeerNetwork describing ``peer`` (the other cluster) to this side's gateway."""
+    """The PeerNetwork describing ``peer`` (the other cluster) to this side's gateway (``mtu``:
+    this side's tunnel MTU, from this side's declaration)."""
     spec: dict[str, Any] = {
         "clusterID": peer_id,
         "podCIDRs": list(peer.pod_cidrs),
@@ -156,6 +166,8 @@ def peer_network(
     }
     if endpoint is not None:
         spec["endpoint"] = {"address": endpoint[0], "port": endpoint[1]}
+    if mtu is not None:
+        spec["mtu"] = mtu
     return {
         "apiVersion": PEERNETWORKS.api_version,
         "kind": PEERNETWORKS.kind,

@@ -178,9 +178,9 @@ async def network_up(
     endpoint = (str(theirs.endpoint_address), port)
     objects = (
         (consumer, peer_network(name=provider_id, namespace=c_ns, peer_id=provider_id, peer=theirs,
-                                public_key=p_key, endpoint=endpoint)),
+                                public_key=p_key, endpoint=endpoint, mtu=mine.mtu)),
         (provider, peer_network(name=consumer_id, namespace=p_ns, peer_id=consumer_id, peer=mine,
-                                public_key=c_key, endpoint=None)),
+                                public_key=c_key, endpoint=None, mtu=theirs.mtu)),
     )  # fmt: skip
     failed: list[str] = []
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 from hack.localcluster import LocalCluster
-from hack.localcluster.network import GATEWAY_IP
+from hack.localcluster.network import GATEWAY_IP, local_network
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS
@@ -42,6 +43,15 @@ REMOTE_POD = "10.64.1.10"
 FROM_GW = f"provider-pod {GATEWAY_IP}"
 CONSUMER_KEY = "gpuferry-gateway-gpu-farm"
 PEER = ["--cluster-id", "ml-eu", "--remote-cluster-id", "gpu-farm", "--gpus", "2", "--selector", H100]
+
+
+def tunnel_mtu(cluster: LocalCluster) -> int:
+    """The MTU of the (one) tunnel interface in the cluster's gateway namespace."""
+    netns = local_network(cluster.spec).netns
+    out = subprocess.run(["ip", "-n", netns, "-o", "link", "show"], capture_output=True, text=True,
+                         check=True).stdout  # fmt: skip
+    (line,) = [x for x in out.splitlines() if x.split(":")[1].strip().startswith("gf")]
+    return int(line.split(" mtu ")[1].split()[0])
 
 
 async def eventually(what: str, probe: Callable[[], Awaitable[bool]], timeout: float = 60) -> None:
@@ -66,8 +76,17 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
     consumer_client: KubeClient,
     provider_client: KubeClient,
 ) -> None:
-    result = json.loads(await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER,
-                                     "-o", "json"))  # fmt: skip
+    # the consumer's underlay encapsulates already: it declares a smaller tunnel MTU
+    declared = await consumer_client.get(CONFIGMAPS, "gpuferry-network", "kube-system")
+    await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": {"mtu": "1380"}}, "kube-system")
+    try:
+        result = json.loads(await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, *PEER,
+                                         "-o", "json"))  # fmt: skip
+    finally:
+        await consumer_client.patch(CONFIGMAPS, "gpuferry-network", {"data": {"mtu": None}}, "kube-system")
+    assert "mtu" not in (await consumer_client.get(CONFIGMAPS, "gpuferry-network", "kube-system"))["data"]
+    assert declared["data"].get("mtu") is None
+    assert tunnel_mtu(consumer) == 1380 and tunnel_mtu(provider) == 1420
     assert result["network"]["endpoint"] == "172.31.0.2:51820"
     assert result["network"]["consumer"]["remappedPodCIDRs"] == ["10.64.0.0/16"]
     assert result["network"]["provider"]["remappedPodCIDRs"] == ["10.64.0.0/16"]

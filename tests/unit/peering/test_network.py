@@ -32,7 +32,7 @@ def cm(**data: str) -> dict[str, Any]:
 def test_a_full_declaration() -> None:
     d = declaration_from_configmap(
         cm(podCIDRs="10.244.0.0/16, 10.245.0.0/16", serviceCIDRs="10.96.0.0/12", gatewayNetns="gw",
-           gatewayIP="10.244.0.2", endpointAddress="203.0.113.7", endpointPort="31820"),
+           gatewayIP="10.244.0.2", endpointAddress="203.0.113.7", endpointPort="31820", mtu="1370"),
         side="provider",
     )  # fmt: skip
     assert d == Declaration(
@@ -42,6 +42,7 @@ def test_a_full_declaration() -> None:
         gateway_ip="10.244.0.2",
         endpoint_address="203.0.113.7",
         endpoint_port=31820,
+        mtu=1370,
     )
     assert d.embedded
 
@@ -58,6 +59,8 @@ def test_a_full_declaration() -> None:
          "gatewayIP 10.1.0.2 is not inside podCIDRs"),
         ({"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "endpointPort": "udp"},
          "endpointPort 'udp' is not a UDP port"),
+        ({"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "mtu": "576"},
+         "mtu '576' is not a number between 1280 and 9000"),
     ],
 )
 def test_bad_declarations_say_what_to_fix(data: dict[str, str], message: str) -> None:
@@ -82,8 +85,10 @@ def test_the_peer_network_describes_the_other_cluster() -> None:
         "publicKey": KEY_A,
         "endpoint": {"address": "172.31.0.2", "port": 51820},
     }
-    client_side = peer_network(name="c", namespace="t", peer_id="c", peer=d, public_key=KEY_B, endpoint=None)
-    assert "endpoint" not in client_side["spec"]
+    client_side = peer_network(name="c", namespace="t", peer_id="c", peer=d, public_key=KEY_B, endpoint=None,
+                               mtu=1370)  # fmt: skip
+    assert "endpoint" not in client_side["spec"] and client_side["spec"]["mtu"] == 1370
+    assert "mtu" not in obj["spec"]  # the CRD's default (1420) applies
 
 
 def test_gateways_sharing_a_namespace_get_their_own_mark_table_port_and_interface() -> None:
