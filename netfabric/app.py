@@ -28,7 +28,7 @@ from typing import Any
 from kube.clients import KubeClient
 from kube.errors import KubeError
 from kube.logs import object_logger
-from kube.objects import ObjectKey, RawObject
+from kube.objects import GATEWAY_PUBLIC_KEY_ANNOTATION, ObjectKey, RawObject
 from kube.tasks import run_supervised
 from kube.watching import WatchEvent, watch_objects
 from netfabric.agent import AgentSettings, sync_node
@@ -52,9 +52,7 @@ __all__ = ["PUBLIC_KEY_ANNOTATION", "GatewayRunner", "remaps_from_status", "run_
 
 logger = logging.getLogger(__name__)
 
-PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
-"""On the PeerNetwork this gateway reconciles, and on its key Secret: the gateway's public key,
-for the peering to hand to the peer (the Secret's from the start, before any PeerNetwork exists)."""
+PUBLIC_KEY_ANNOTATION = GATEWAY_PUBLIC_KEY_ANNOTATION
 
 
 AWAITING_REFRESH = 1.0

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_address, ip_network
 from typing import Any
 
-from kube.objects import PEERNETWORKS, RawObject
+from kube.objects import GATEWAY_PUBLIC_KEY_ANNOTATION, PEERNETWORKS, RawObject
 
 __all__ = [
     "DECLARATION_NAME",
@@ -52,8 +52,7 @@ __all__ = [
 
 DECLARATION_NAMESPACE = "kube-system"
 DECLARATION_NAME = "gpuferry-network"
-PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
-"""Set by a gateway on its key Secret and on the PeerNetwork it reconciles (netfabric.app)."""
+PUBLIC_KEY_ANNOTATION = GATEWAY_PUBLIC_KEY_ANNOTATION
 DEFAULT_PORT = 51820
 MAX_SLOTS = 64
 _MARK_BASE = 0x47

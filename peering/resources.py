@@ -11,7 +11,15 @@ from __future__ import annotations
 import hashlib
 import re
 
-from kube.objects import GPUSLICES, LIMITRANGES, NAMESPACEOFFLOADINGS, ROLEBINDINGS, ROLES, TENANTS
+from kube.objects import (
+    GPUSLICES,
+    LIMITRANGES,
+    NAMESPACEOFFLOADINGS,
+    ROLEBINDINGS,
+    ROLES,
+    TENANT_NAMESPACE_PREFIX,
+    TENANTS,
+)
 
 __all__ = [
     "CONSUMERS_GROUP",
@@ -26,6 +34,7 @@ __all__ = [
     "ROLEBINDINGS",
     "ROLES",
     "TENANTS",
+    "TENANT_NAMESPACE_PREFIX",
     "consumer_username",
     "identity_secret_name",
     "is_valid_cluster_id",
@@ -43,7 +52,6 @@ LABEL_ORIGIN_NAMESPACE = "gpuferry.io/origin-namespace"
 LABEL_CONSUMER_PROVIDER = "gpuferry.io/provider"
 """On consumer-side objects (the identity Secret): the provider's cluster ID."""
 
-TENANT_NAMESPACE_PREFIX = "gpuferry-tenant-"
 CONSUMER_NAMESPACE = "gpuferry-system"
 """Consumer namespace of gpuferry's own objects (the identity Secrets)."""
 CONSUMERS_GROUP = "gpuferry:consumers"

@@ -20,7 +20,7 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.kubeconfigs import ConfigError
 from kube.metrics import render
-from kube.objects import LEASES, NODES, SECRETS, VIRTUALNODES, ObjectKey
+from kube.objects import LEASES, NODES, SECRETS, TENANT_NAMESPACE_PREFIX, VIRTUALNODES, ObjectKey
 from kube.queueing import KeyedQueue
 from kube.reconciling import run_workers
 from kube.tasks import run_supervised
@@ -365,7 +365,7 @@ async def run(settings: VirtualKubeletSettings) -> None:
         # the provider's PeerNetwork for us: where the provider reaches our pods
         provider_view = PeerNetworkFollower(
             provider,
-            namespace=settings.tenant_namespace or f"gpuferry-tenant-{settings.consumer_cluster_id}",
+            namespace=settings.tenant_namespace or TENANT_NAMESPACE_PREFIX + settings.consumer_cluster_id,
             peer_id=settings.consumer_cluster_id,
             on_change=consumer_view_changed,
             settings=settings.watch,

@@ -30,6 +30,7 @@ from typing import Any
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, PEERNETWORKS, SECRETS, RawObject
+from kube.objects import annotations as annotations_of
 
 from .. import flow
 from ..localagents import Agent, all_agents, ensure_agent, exited, find_agent, stop_agent
@@ -116,7 +117,7 @@ async def _public_key(
     """The gateway's public key once it published it; fails at once if its local process died."""
 
     def published(secret: RawObject) -> str | None:
-        return "" if (secret["metadata"].get("annotations") or {}).get(PUBLIC_KEY_ANNOTATION) else None
+        return "" if annotations_of(secret).get(PUBLIC_KEY_ANNOTATION) else None
 
     what = f"the {side} gateway's key (Secret {namespace}/{key_secret_name(peer_id)})"
     waiting = asyncio.ensure_future(
@@ -133,7 +134,7 @@ async def _public_key(
             secret = waiting.result()
         except PeeringError as e:
             raise PeeringError(f"{e} (is the {side}'s gateway running? see `gpuferry agents`)") from None
-        return str(secret["metadata"]["annotations"][PUBLIC_KEY_ANNOTATION])
+        return annotations_of(secret)[PUBLIC_KEY_ANNOTATION]
     assert agent is not None
     raise PeeringError(f"the {side}'s gateway exited; the end of its log ({agent.log}):\n{_tail(agent.log)}")
 
@@ -158,11 +159,12 @@ async def network_up(
     """Bring the fabric up for this peering (idempotent); returns what ``peer`` reports of it."""
     mine, theirs = declarations
     c_ns, p_ns = flow.CONSUMER_NAMESPACE, tenant_namespace(consumer_id)
-    c_gw = _placement(consumer_id, provider_id, c_ns, mine, listens=False)
-    p_gw = _placement(provider_id, consumer_id, p_ns, theirs, listens=True)
-    port = p_gw.port if args.agents == "local" else theirs.endpoint_port
+    port = theirs.endpoint_port  # the gateways run in the clusters (--agents none): as declared
     agents: dict[str, Agent | None] = {"consumer": None, "provider": None}
-    if args.agents == "local":
+    if args.agents == "local":  # embedded gateways: a slot each in their namespace
+        c_gw = _placement(consumer_id, provider_id, c_ns, mine, listens=False)
+        p_gw = _placement(provider_id, consumer_id, p_ns, theirs, listens=True)
+        port = p_gw.port
         sides = (("consumer", c_gw, args.kubeconfig), ("provider", p_gw, args.remote_kubeconfig))
         for side, placement, path in sides:
             name = f"{placement.cluster_id}-{placement.peer_id}"

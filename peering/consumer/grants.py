@@ -85,9 +85,14 @@ class PerVirtualNode:
     async def _follow(self, key: ObjectKey) -> None:
         log = object_logger(logger, "VirtualNode", key)
         failures = 0
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                vn = await self.consumer.get(VIRTUALNODES, key.name, key.namespace)
+            started = loop.time()
+            try:  # anything missing but the VirtualNode (its Secret, a CRD on the provider) may come
+                try:
+                    vn = await self.consumer.get(VIRTUALNODES, key.name, key.namespace)
+                except NotFound:
+                    return  # the VirtualNode went: its watch in run() cancels us anyway
                 spec = vn.get("spec") or {}
                 ref = spec["kubeconfigSecretRef"]
                 secret = await self.consumer.get(SECRETS, ref["name"], key.namespace)
@@ -96,12 +101,12 @@ class PerVirtualNode:
                     kubeconfig, source=f"Secret {ref['name']}"
                 ) as tenant:
                     await self.follow(key, spec, tenant, log)
-                    failures = 0
-            except NotFound:
-                return  # the VirtualNode went: its watch in run() cancels us anyway
             except (KubeError, KeyError, ValueError) as exc:
+                settings = WatchSettings()
+                if loop.time() - started > settings.backoff_max:
+                    failures = 0  # it had worked for a while: a new incident, not the same one
                 failures += 1
-                delay = backoff_delay(failures, WatchSettings())
+                delay = backoff_delay(failures, settings)
                 log.warning("%s failed (%s); retrying in %.1fs", self.task_name, exc, delay)
                 await asyncio.sleep(delay)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.objects import PEERNETWORKS, ObjectKey, RawObject
+from kube.objects import annotations as annotations_of
 from kube.watching import WatchEvent, watch_objects
 
 from ..network import PUBLIC_KEY_ANNOTATION
@@ -24,7 +25,7 @@ __all__ = ["KeyExchange", "key_updates"]
 
 
 def _own_key(obj: RawObject | None) -> str | None:
-    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(PUBLIC_KEY_ANNOTATION)
+    return annotations_of(obj or {}).get(PUBLIC_KEY_ANNOTATION)
 
 
 def key_updates(local: RawObject | None, remote: RawObject | None) -> dict[str, str]:
