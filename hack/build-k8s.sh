@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Build the real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl), etcd, kwok and helm from source through the Go module proxy.
+# kubectl), etcd, kwok and helm from source through the Go module proxy, and what each local
+# cluster's real node runs: kubelet, kube-proxy, containerd 2 (+ its runc shim and ctr), the CNI
+# plugins (ptp, bridge, host-local, loopback, portmap), CoreDNS and metrics-server. runc itself is
+# Debian's (hack/setup.sh installs it): built from the proxy without libseccomp it refuses
+# containerd's default seccomp profile.
 #
 # Output goes to "$GPUFERRY_CACHE" (default ~/.cache/gpuferry), one folder per component and
 # version, e.g. ~/.cache/gpuferry/k8s-v1.36.4/bin/kube-apiserver. A folder is complete only when
@@ -20,9 +24,15 @@ k8s_dir=$cache/k8s-$K8S_VERSION
 etcd_dir=$cache/etcd-$ETCD_VERSION
 kwok_dir=$cache/kwok-$KWOK_VERSION
 helm_dir=$cache/helm-$HELM_VERSION
+node_dir=$cache/kubelet-$K8S_VERSION
+containerd_dir=$cache/containerd-$CONTAINERD_VERSION
+cni_dir=$cache/cni-plugins-$CNI_PLUGINS_VERSION
+coredns_dir=$cache/coredns-$COREDNS_VERSION
+metrics_dir=$cache/metrics-server-$METRICS_SERVER_VERSION
 
 if [[ "${1:-}" == "--print-bin-dirs" ]]; then
-  printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin"
+  printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$node_dir/bin" \
+    "$containerd_dir/bin" "$cni_dir/bin" "$coredns_dir/bin" "$metrics_dir/bin"
   exit 0
 fi
 
@@ -60,19 +70,64 @@ build_step() {
   log "$name: built in $((SECONDS - start))s"
 }
 
-build_k8s() {
-  local out=$1 minor ld
+k8s_ldflags() {
+  local minor ld p
   minor=$(cut -d. -f2 <<<"$K8S_VERSION")
   ld="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld="$ld -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  (cd "$here/k8s-build" && go build -trimpath -ldflags "$ld" -o "$out/bin/" \
+  printf '%s' "$ld"
+}
+
+build_k8s() {
+  local out=$1
+  (cd "$here/k8s-build" && go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/bin/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubectl)
+}
+
+# kubelet and kube-proxy: same wrapper module and version stamp as the control plane; a folder of
+# their own so that adding them did not invalidate an existing control-plane cache
+build_node() {
+  local out=$1
+  (cd "$here/k8s-build" && go build -trimpath -ldflags "$(k8s_ldflags)" -o "$out/bin/" \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy)
+}
+
+build_containerd() {
+  local out=$1 v=github.com/containerd/containerd/v2/version
+  GOBIN=$out/bin go install -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X $v.Version=$CONTAINERD_VERSION -X $v.Revision=proxy" \
+    "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
+}
+
+build_cni() {
+  local out=$1 m=github.com/containernetworking/plugins p
+  for p in main/ptp main/bridge main/loopback ipam/host-local meta/portmap; do
+    GOBIN=$out/bin go install -trimpath \
+      -ldflags "-s -w -X $m/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+      "$m/plugins/$p@$CNI_PLUGINS_VERSION"
+  done
+}
+
+# CoreDNS with only the plugins cluster DNS needs (hack/coredns-build/main.go)
+build_coredns() {
+  local out=$1
+  (cd "$here/coredns-build" && go build -trimpath -ldflags "-s -w" -o "$out/bin/coredns" .)
+}
+
+build_metrics_server() {
+  local out=$1 v=k8s.io/client-go/pkg/version
+  GOBIN=$out/bin go install -trimpath \
+    -ldflags "-s -w -X $v.gitVersion=$METRICS_SERVER_VERSION -X $v.gitTreeState=clean" \
+    "sigs.k8s.io/metrics-server/cmd/metrics-server@$METRICS_SERVER_VERSION"
 }
 
 build_etcd() {
@@ -106,4 +161,9 @@ build_step "etcd $ETCD_VERSION" "$etcd_dir" build_etcd
 build_step "kwok $KWOK_VERSION" "$kwok_dir" build_kwok
 build_step "kubernetes $K8S_VERSION" "$k8s_dir" build_k8s
 build_step "helm $HELM_VERSION" "$helm_dir" build_helm
+build_step "kubelet, kube-proxy $K8S_VERSION" "$node_dir" build_node
+build_step "containerd $CONTAINERD_VERSION" "$containerd_dir" build_containerd
+build_step "CNI plugins $CNI_PLUGINS_VERSION" "$cni_dir" build_cni
+build_step "CoreDNS $COREDNS_VERSION" "$coredns_dir" build_coredns
+build_step "metrics-server $METRICS_SERVER_VERSION" "$metrics_dir" build_metrics_server
 log "all components ready in $((SECONDS - total))s (cache: $cache)"
