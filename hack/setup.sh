@@ -16,11 +16,23 @@ declare -A debs=(
   [ping]=iputils-ping
   [sysctl]=procps
   [iperf3]=iperf3
+  # the real node of each local cluster: Debian's runc runs its containers (built from the
+  # proxy without libseccomp, runc refuses containerd's default seccomp profile); nsenter
+  # (util-linux) starts containerd, kubelet and kube-proxy in the node's network namespace
+  [runc]=runc
+  [nsenter]=util-linux
+  # images built here without Docker (hack/images): a Debian root file system for the gpuferry
+  # image, and the static pause binary
+  [mmdebstrap]=mmdebstrap
+  [gcc]=gcc
 )
+
 missing=()
 for cmd in "${!debs[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${debs[$cmd]}")
 done
+# gcc -static (the pause image) needs glibc's static library
+[[ -f /usr/lib/x86_64-linux-gnu/libc.a ]] || missing+=(libc6-dev)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   if [[ $(id -u) -ne 0 ]]; then

@@ -47,11 +47,14 @@ def build_images(
         if name not in wanted:
             continue
         started = time.monotonic()
-        if name in RECIPES:
-            image = RECIPES[name](progress)
-        else:
-            path, version = binaries[name]
-            image = binary_image(name, path, version)
+        try:
+            if name in RECIPES:
+                image = RECIPES[name](progress)
+            else:
+                path, version = binaries[name]
+                image = binary_image(name, path, version)
+        except OSError as e:  # a full disk, an unwritable cache, a binary that is not there
+            raise BuildError(f"{name}: cannot build the image: {e}") from e
         image = dataclasses.replace(image, seconds=time.monotonic() - started)  # with the input hashing
         how = "cached" if image.cached else "built"
         progress(f"{name}: {how} {image.ref} ({image.size / 1e6:.1f} MB) in {image.seconds:.1f}s")

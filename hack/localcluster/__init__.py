@@ -4,19 +4,24 @@ kwok) on loopback, used by the demo and by the integration tests alike."""
 from __future__ import annotations
 
 from .binaries import Binaries, BinariesMissing, ensure_built
-from .cluster import COMPONENTS, LocalCluster
+from .cluster import COMPONENTS, LocalCluster, build_node_images
 from .processes import ComponentFailed, PortBusy
-from .spec import ClusterSpec, NodeSpec, cluster_specs, second_provider_spec
+from .realnode import NODE_COMPONENTS, NodeFailed
+from .spec import REAL_NODE_LABEL, ClusterSpec, NodeSpec, cluster_specs, second_provider_spec
 
 __all__ = [
     "COMPONENTS",
+    "NODE_COMPONENTS",
+    "REAL_NODE_LABEL",
     "Binaries",
     "BinariesMissing",
     "ClusterSpec",
     "ComponentFailed",
     "LocalCluster",
+    "NodeFailed",
     "NodeSpec",
     "PortBusy",
+    "build_node_images",
     "cluster_specs",
     "ensure_built",
     "profile_clusters",

@@ -7,9 +7,12 @@ import json
 import sys
 import time
 
+from ..images import BuildError
 from .binaries import Binaries, BinariesMissing, ensure_built
-from .cluster import COMPONENTS, LocalCluster
+from .cluster import COMPONENTS, KubectlFailed, LocalCluster, build_node_images
+from .network import NetworkFailed
 from .processes import ComponentFailed, PortBusy
+from .realnode import NODE_COMPONENTS, NodeFailed
 from .spec import PROFILE_PORT_BASES, cluster_specs
 
 
@@ -27,8 +30,15 @@ def _progress(msg: str) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     start = time.monotonic()
-    for cluster in _clusters(args, build=True):
-        cluster.up(progress=_progress)
+    clusters = _clusters(args, build=True)
+    # the real nodes' images once for every cluster (cached by the hash of their inputs)
+    images = (
+        build_node_images(clusters[0].bin, progress=_progress)
+        if any(c.has_real_node for c in clusters)
+        else {}
+    )
+    for cluster in clusters:
+        cluster.up(progress=_progress, images=images)
     _progress(f"clusters up in {time.monotonic() - start:.1f}s")
     return 0
 
@@ -86,11 +96,16 @@ def cmd_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+# what a user can act on: one ``error:`` line (with a log tail where one helps), never a traceback
+FAILURES = (ComponentFailed, PortBusy, BinariesMissing, NodeFailed, BuildError, NetworkFailed, KubectlFailed)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hack.localcluster",
         description="Real local Kubernetes clusters (etcd, kube-apiserver, kube-controller-manager, "
-        "kube-scheduler, kwok) on loopback, built from source by hack/build-k8s.sh.",
+        "kube-scheduler, kwok for simulated nodes) built from source by hack/build-k8s.sh, each with one "
+        "real node (containerd, kubelet, kube-proxy; CoreDNS and metrics-server on it) when run as root.",
     )
     parser.add_argument(
         "--profile",
@@ -112,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("-o", "--output", choices=["table", "json"], default="table")
     sub.add_parser("env", help="print export lines with each cluster's admin kubeconfig")
     restart = sub.add_parser("restart", help="restart one component")
-    restart.add_argument("component", choices=COMPONENTS)
+    restart.add_argument("component", choices=COMPONENTS + NODE_COMPONENTS)
     args = parser.parse_args(argv)
     handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env, "restart": cmd_restart}
     try:
         return handlers[args.command](args)
-    except (ComponentFailed, PortBusy, BinariesMissing) as exc:
+    except FAILURES as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

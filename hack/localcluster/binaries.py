@@ -38,6 +38,16 @@ class Binaries:
     kwok: Path
     kwok_stages: Path
     helm: Path
+    # the real node
+    kubelet: Path
+    kube_proxy: Path
+    containerd: Path
+    containerd_shim: Path
+    ctr: Path
+    cni_plugins: Path
+    """The folder of the CNI plugins (ptp, bridge, host-local, loopback, portmap)."""
+    coredns: Path
+    metrics_server: Path
 
     @classmethod
     def locate(cls, cache: Path | None = None) -> Binaries:
@@ -45,6 +55,8 @@ class Binaries:
         root = cache or cache_dir()
         k8s = root / f"k8s-{pins['K8S_VERSION']}"
         kwok = root / f"kwok-{pins['KWOK_VERSION']}"
+        containerd = root / f"containerd-{pins['CONTAINERD_VERSION']}" / "bin"
+        node = root / f"kubelet-{pins['K8S_VERSION']}" / "bin"
         return cls(
             etcd=root / f"etcd-{pins['ETCD_VERSION']}" / "bin" / "etcd",
             kube_apiserver=k8s / "bin" / "kube-apiserver",
@@ -54,6 +66,17 @@ class Binaries:
             kwok=kwok / "bin" / "kwok",
             kwok_stages=kwok / "stage",
             helm=root / f"helm-{pins['HELM_VERSION']}" / "bin" / "helm",
+            kubelet=node / "kubelet",
+            kube_proxy=node / "kube-proxy",
+            containerd=containerd / "containerd",
+            containerd_shim=containerd / "containerd-shim-runc-v2",
+            ctr=containerd / "ctr",
+            cni_plugins=root / f"cni-plugins-{pins['CNI_PLUGINS_VERSION']}" / "bin",
+            coredns=root / f"coredns-{pins['COREDNS_VERSION']}" / "bin" / "coredns",
+            metrics_server=root
+            / f"metrics-server-{pins['METRICS_SERVER_VERSION']}"
+            / "bin"
+            / "metrics-server",
         )
 
     def missing(self) -> list[Path]:

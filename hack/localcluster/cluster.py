@@ -1,5 +1,6 @@
 """Start, inspect and stop one local cluster: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler and kwok as loopback processes, plus its simulated nodes.
+kube-scheduler and kwok as host processes, its simulated nodes, and (as root) its real node
+(containerd, kubelet, kube-proxy; hack/localcluster/realnode.py) with CoreDNS and metrics-server.
 
 The demo (``python -m hack.localcluster up``) and the integration-test fixtures call the same
 functions here: one implementation.
@@ -20,17 +21,21 @@ from pathlib import Path
 
 import yaml
 
-from .binaries import HACK_DIR, Binaries
-from .network import declaration, remove_network, setup_network
+from ..images import BuiltImage, build_images
+from . import addons
+from .binaries import HACK_DIR, Binaries, versions
+from .network import api_advertise_address, can_make_networks, declaration, remove_network, setup_network
 from .nodes import node_manifest
 from .pki import ClientIdentity, ensure_pki, ensure_server_cert
-from .processes import Component, ComponentFailed, ProcessTable
+from .processes import Component, ComponentFailed, PortBusy, ProcessTable, port_in_use
+from .realnode import NODE_COMPONENTS, NodeFailed, RealNode
 from .spec import ClusterSpec
 
 # Taints the node lifecycle controller sets on nodes that are not (yet) Ready.
 LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
-# Start order; stop goes in reverse.
+# Start order of the control plane; stop goes in reverse. The real node's (realnode.NODE_COMPONENTS)
+# start after these and stop before them.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 CLIENTS = [
@@ -58,6 +63,10 @@ KWOK_DEBUGGING_CRDS = ("Logs", "Exec", "Attach", "PortForward")
 KWOK_CRD_DIR = HACK_DIR / "kwok" / "crds"
 
 
+class KubectlFailed(RuntimeError):
+    """A kubectl call of the cluster code failed; the message has the command and its error."""
+
+
 @dataclass(frozen=True)
 class ComponentStatus:
     name: str
@@ -78,6 +87,26 @@ def _https_ok(spec: ClusterSpec, port: int, path: str, *, client_cert: bool) -> 
 
 def _http_ok(port: int, path: str) -> bool:
     return _get_ok(http.client.HTTPConnection("127.0.0.1", port, timeout=2), path)
+
+
+def build_node_images(
+    binaries: Binaries, *, progress: Callable[[str], None] = print
+) -> dict[str, BuiltImage]:
+    """Every image a real node imports (hack/images; cached by the hash of their inputs): the
+    pause image, the test image, the gpuferry image, CoreDNS and metrics-server."""
+    pins = versions()
+    return build_images(
+        progress=progress,
+        binaries={
+            "coredns": (binaries.coredns, pins["COREDNS_VERSION"]),
+            "metrics-server": (binaries.metrics_server, pins["METRICS_SERVER_VERSION"]),
+        },
+    )
+
+
+def _wanted_real_node(spec: ClusterSpec) -> bool:
+    """A real node needs root (network namespaces, mounts, cgroups, containerd)."""
+    return spec.real_node is not None and can_make_networks()
 
 
 def _get_ok(conn: http.client.HTTPConnection, path: str) -> bool:
@@ -125,6 +154,22 @@ class LocalCluster:
         self.spec = spec
         self.bin = binaries
         self.procs = ProcessTable(spec.pid_dir, spec.log_dir)
+        self.node = (
+            RealNode(spec, spec.real_node, binaries, self.procs) if spec.real_node is not None else None
+        )
+
+    @property
+    def has_real_node(self) -> bool:
+        """Whether this cluster runs (or would run, once up) a real node: root and a spec for one."""
+        return self.node is not None and _wanted_real_node(self.spec)
+
+    @property
+    def images(self) -> dict[str, str]:
+        """Name -> reference of the images imported into the real node (``testbox``, ``gpuferry``,
+        ...), as recorded by the last ``up``; empty without a real node."""
+        path = self.spec.run_dir / "images.json"
+        data: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        return data
 
     # ---- configuration -------------------------------------------------------------------------
 
@@ -135,7 +180,8 @@ class LocalCluster:
         """Certificates and kubeconfigs; kept when present so clients stay valid across restarts."""
         spec = self.spec
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-        ensure_pki(spec.pki_dir, cluster=spec.name, service_ip=spec.first_service_ip, clients=CLIENTS)
+        ensure_pki(spec.pki_dir, cluster=spec.name, service_ip=spec.first_service_ip, clients=CLIENTS,
+                   advertise_address=api_advertise_address(spec))  # fmt: skip
         for identity in CLIENTS:
             path = self._kubeconfig(identity.stem)
             if not path.exists():
@@ -147,6 +193,7 @@ class LocalCluster:
         spec, b, pki = self.spec, self.bin, self.spec.pki_dir
         p = spec.ports
         etcd_url = f"http://127.0.0.1:{p.etcd_client}"
+        advertise = api_advertise_address(spec)
 
         def auth(stem: str) -> list[str]:
             kc = self._kubeconfig(stem)
@@ -184,8 +231,10 @@ class LocalCluster:
                 argv=[
                     str(b.kube_apiserver),
                     f"--etcd-servers={etcd_url}",
-                    "--bind-address=127.0.0.1",
-                    "--advertise-address=127.0.0.1",
+                    # the host's loopback for local clients, its WAN address for nodes and pods
+                    # (the ``kubernetes`` Service's endpoint)
+                    f"--bind-address={'127.0.0.1' if advertise == '127.0.0.1' else '0.0.0.0'}",
+                    f"--advertise-address={advertise}",
                     f"--secure-port={p.apiserver}",
                     f"--tls-cert-file={pki / 'apiserver.crt'}",
                     f"--tls-private-key-file={pki / 'apiserver.key'}",
@@ -206,6 +255,17 @@ class LocalCluster:
                     "--enable-admission-plugins=NodeRestriction",
                     "--allow-privileged=true",
                     "--profiling=false",
+                    # the aggregation layer (metrics-server), as kubeadm configures it
+                    f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                    "--requestheader-allowed-names=front-proxy-client",
+                    "--requestheader-username-headers=X-Remote-User",
+                    "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                    f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                    # dial extension API servers at their endpoint (a node address the host can
+                    # route to), not their ClusterIP (no route from the host)
+                    "--enable-aggregator-routing=true",
                 ],
                 healthy=lambda: _https_ok(spec, p.apiserver, "/readyz", client_cert=True),
                 ports=[p.apiserver],
@@ -271,31 +331,138 @@ class LocalCluster:
             timeout=120,
         )
         if check and proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed on {self.spec.name}: {proc.stderr.strip()}")
+            raise KubectlFailed(f"kubectl {' '.join(args)} failed on {self.spec.name}: {proc.stderr.strip()}")
         return proc.stdout
 
-    def up(self, *, progress: Callable[[str], None] = print, timeout: float = 120.0) -> None:
-        """Start every component that is not running, then make sure the nodes exist."""
+    def up(
+        self,
+        *,
+        progress: Callable[[str], None] = print,
+        timeout: float = 120.0,
+        images: dict[str, BuiltImage] | None = None,
+    ) -> None:
+        """Start every component that is not running, then make sure the nodes exist.
+        ``images``: built already (hack/images) for several clusters; built here when None."""
+        real = self.node if self.has_real_node else None
+        self._check_ports()
+        # the network first: the API server advertises the host's WAN address
+        net = setup_network(self.spec, pod_cidr=real.node.pod_cidr if real else None)
         self.prepare()
         comps = self.components()
         for name in COMPONENTS:
-            started = time.monotonic()
-            if self.procs.start(comps[name], timeout=timeout):
-                progress(f"{self.spec.name}: {name} started in {time.monotonic() - started:.1f}s")
-            else:
-                progress(f"{self.spec.name}: {name} already running")
+            self._start(comps[name], progress=progress, timeout=timeout)
             if name == "kube-apiserver":
                 self._bootstrap()
         self._ensure_nodes(timeout=timeout)
-        progress(f"{self.spec.name}: {len(self.spec.nodes)} nodes Ready and schedulable")
-        net = setup_network(self.spec)
+        progress(f"{self.spec.name}: {len(self.spec.nodes)} simulated nodes Ready and schedulable")
+        if real is not None:
+            self._up_real_node(real, progress=progress, timeout=timeout, images=images)
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                      input=json.dumps(declaration(self.spec, net)))  # fmt: skip
         progress(
             f"{self.spec.name}: network declared"
-            + (f"; gateways run in netns {net.netns}, reached at {net.wan_address}" if net else
-               " (CIDRs only: not root, so no local gateway network; peer with --no-network)")
+            + (
+                f"; gateways run in netns {net.netns}, reached at {net.wan_address}"
+                if net
+                else " (CIDRs only: not root, so no gateway network, no real node; peer with --no-network)"
+            )
         )
+
+    def _check_ports(self) -> None:
+        """Every port a component that is not running needs must be free before anything starts:
+        a half-started cluster is worse than none."""
+        for name, component in self.components().items():
+            if self.procs.pid(name) is None and (busy := [p for p in component.ports if port_in_use(p)]):
+                raise PortBusy(
+                    f"{self.spec.name}: {name} needs 127.0.0.1:{busy[0]}, which a process that this cluster "
+                    f"did not start holds; stop that process, or run this profile's clusters elsewhere "
+                    f"(--profile dev1 or dev2 use other ports)"
+                )
+
+    def _start(self, component: Component, *, progress: Callable[[str], None], timeout: float) -> None:
+        started = time.monotonic()
+        if self.procs.start(component, timeout=timeout):
+            progress(f"{self.spec.name}: {component.name} started in {time.monotonic() - started:.1f}s")
+        else:
+            progress(f"{self.spec.name}: {component.name} already running")
+
+    def _up_real_node(
+        self,
+        real: RealNode,
+        *,
+        progress: Callable[[str], None],
+        timeout: float,
+        images: dict[str, BuiltImage] | None,
+    ) -> None:
+        if images is None:
+            images = build_node_images(self.bin, progress=progress)
+        real.prepare(sandbox_image=images["pause"].ref)
+        comps = real.components()
+        self._start(comps["containerd"], progress=progress, timeout=timeout)
+        real.import_images({img.ref: img.tar for img in images.values()}, progress=progress)
+        refs = {name: img.ref for name, img in images.items()}
+        (self.spec.run_dir / "images.json").write_text(json.dumps(refs, indent=2, sort_keys=True))
+        self._start(comps["kubelet"], progress=progress, timeout=timeout)
+        self._wait_registered(real, timeout=timeout)
+        spec_patch, status_patch = real.node_patches()
+        node = f"node/{real.node.name}"
+        current = json.loads(self.kubectl("get", node, "-o", "json"))
+        if not current["spec"].get("podCIDR"):
+            self.kubectl("patch", node, "--type=merge", "-p", json.dumps(spec_patch))
+        if status_patch is not None:
+            self.kubectl(
+                "patch", node, "--subresource=status", "--type=merge", "-p", json.dumps(status_patch)
+            )
+        self._start(comps["kube-proxy"], progress=progress, timeout=timeout)
+        self._wait_ready([real.node.name], what="kubelet", timeout=timeout)
+        progress(f"{self.spec.name}: real node {real.node.name} Ready at {real.address}")
+        manifests = addons.coredns(self.spec, refs["coredns"]) + addons.metrics_server(refs["metrics-server"])
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))  # fmt: skip
+        for deployment in ("coredns", "metrics-server"):
+            started = time.monotonic()
+            argv = ["rollout", "status", f"deployment/{deployment}", f"--timeout={int(timeout)}s"]
+            rollout = subprocess.run(
+                [str(self.bin.kubectl), f"--kubeconfig={self.spec.kubeconfig}", "-n", "kube-system", *argv],
+                capture_output=True, text=True, timeout=timeout + 30,
+            )  # fmt: skip
+            if rollout.returncode:
+                pods = self._pod_problems("kube-system", deployment)
+                raise NodeFailed(
+                    f"{self.spec.name}: {deployment} did not become available in {timeout:.0f}s on the real "
+                    f"node; its pods: {pods} (kubelet log: {self.procs.log_path('kubelet')})"
+                )
+            progress(f"{self.spec.name}: {deployment} available ({time.monotonic() - started:.1f}s)")
+
+    def _pod_problems(self, namespace: str, prefix: str) -> str:
+        """A line per pod of ``prefix``: phase, waiting reasons and the last warning Event."""
+        pods = json.loads(self.kubectl("-n", namespace, "get", "pods", "-o", "json"))["items"]
+        events = json.loads(self.kubectl("-n", namespace, "get", "events", "-o", "json"))["items"]
+        lines = []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if not name.startswith(prefix):
+                continue
+            waiting = [
+                f"{c['name']}: {c['state']['waiting'].get('reason')}"
+                for c in pod.get("status", {}).get("containerStatuses") or []
+                if "waiting" in c.get("state", {})
+            ]
+            warnings = [
+                e["message"]
+                for e in events
+                if e["involvedObject"].get("name") == name and e.get("type") == "Warning"
+            ]
+            lines.append(f"{name} {pod['status'].get('phase')} {waiting} {warnings[-1:] or ''}".strip())
+        return "; ".join(lines) or "none"
+
+    def _wait_registered(self, real: RealNode, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while f"node/{real.node.name}" not in self.kubectl("get", "nodes", "-o", "name").split():
+            if time.monotonic() > deadline:
+                raise ComponentFailed("kubelet", f"did not register node {real.node.name}",
+                                      self.procs.log_path("kubelet"))  # fmt: skip
+            time.sleep(0.25)
 
     def _bootstrap(self) -> None:
         """Objects every real cluster has that no controller makes for us."""
@@ -328,17 +495,17 @@ class LocalCluster:
             items = {"apiVersion": "v1", "kind": "List", "items": [node_manifest(n) for n in missing]}
             # create, not apply: the status (capacity with nvidia.com/gpu) is only taken on create
             self.kubectl("create", "-f", "-", input=json.dumps(items))
+        self._wait_ready([n.name for n in self.spec.nodes], what="kwok", timeout=timeout)
+
+    def _wait_ready(self, names: list[str], *, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        names = [n.name for n in self.spec.nodes]
         while True:
             ready = self.ready_nodes()
             if all(n in ready for n in names):
                 return
             if time.monotonic() > deadline:
                 not_ready = sorted(set(names) - ready)
-                raise ComponentFailed(
-                    "kwok", f"left nodes {not_ready} not Ready", self.procs.log_path("kwok")
-                )
+                raise ComponentFailed(what, f"left nodes {not_ready} not Ready", self.procs.log_path(what))
             time.sleep(0.5)
 
     def ready_nodes(self) -> set[str]:
@@ -356,6 +523,10 @@ class LocalCluster:
                 ready.add(node["metadata"]["name"])
         return ready
 
+    def component_names(self) -> tuple[str, ...]:
+        """Every process of this cluster, in start order."""
+        return COMPONENTS + (NODE_COMPONENTS if self.has_real_node else ())
+
     def status(self) -> list[ComponentStatus]:
         return [
             ComponentStatus(
@@ -364,7 +535,7 @@ class LocalCluster:
                 pid=pid,
                 log=self.procs.log_path(name),
             )
-            for name in COMPONENTS
+            for name in self.component_names()
         ]
 
     def crashed(self) -> list[ComponentFailed]:
@@ -377,8 +548,11 @@ class LocalCluster:
 
     def restart(self, name: str, *, timeout: float = 120.0) -> None:
         """Stop and start one component (tests use this to restart the API server)."""
+        comps = self.components()
+        if self.node is not None and name in NODE_COMPONENTS:
+            comps = self.node.components()
         self.procs.stop(name)
-        self.procs.start(self.components()[name], timeout=timeout)
+        self.procs.start(comps[name], timeout=timeout)
 
     def _etcd(self, path: str, body: dict[str, object]) -> dict[str, object]:
         conn = http.client.HTTPConnection("127.0.0.1", self.spec.ports.etcd_client, timeout=10)
@@ -408,8 +582,10 @@ class LocalCluster:
         return self.procs.stop(name)
 
     def down(self, *, keep_state: bool = False) -> list[str]:
-        """Stop every process (reverse order); remove the run folder unless ``keep_state``."""
-        stopped = [name for name in reversed(COMPONENTS) if self.procs.stop(name)]
+        """Stop every process (reverse order): the real node's first, with its pods, mounts and
+        cgroups; remove the run folder unless ``keep_state``."""
+        stopped = self.node.teardown() if self.node is not None else []
+        stopped += [name for name in reversed(COMPONENTS) if self.procs.stop(name)]
         # anything recorded that is not a known component (should not happen, but leave nothing)
         stopped += [name for name in self.procs.recorded() if self.procs.stop(name)]
         remove_network(self.spec)  # the gateway network namespaces (no process is left in them)

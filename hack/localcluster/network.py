@@ -1,19 +1,27 @@
-"""The local clusters' network: where gpuferry's gateways run in embedded mode.
+"""The local clusters' network: a "WAN" between them, the host on it, each cluster's real node and
+the network namespace where gpuferry's gateways run in embedded mode.
 
-kwok clusters have no pod network, so the gateways that ``gpuferry peer`` starts locally need one
-made for them. Per profile (root only, with ``ip`` from iproute2):
+Per profile (root only, with ``ip`` from iproute2 and ``nft``):
 
 - ``gf-<profile>-wan``: the "internet" between the clusters, a bridge ``br0`` in its own network
-  namespace; no address of the host is involved and nothing is routed through the host.
-- ``gf-<profile>-<cluster>``: the cluster's gateway node. Its ``wan`` interface is on that bridge
-  (``172.31.0.<n>/24``: consumer 1, provider 2, provider-b 3); the gateway's pod IP
+  namespace, subnet ``172.31.<p>.0/24`` (``<p>`` per profile: test 0, demo 1, scratch 2, ...).
+- the host joins it through the veth ``gfw-<profile>`` at ``172.31.<p>.254``: the clusters' API
+  servers (processes on the host) are reached there from the nodes, as a cloud's control plane
+  is reached from its machines.
+- ``gf-<profile>-<cluster>-node``: the cluster's real node, a "machine" on the WAN
+  (``172.31.<p>.1<n>``: consumer 11, provider 12, provider-b 13) whose containerd, kubelet and
+  kube-proxy run in that namespace; its pods are routed there (CNI ptp, a /32 per pod) and reach
+  the WAN masqueraded behind the node's address, so that both clusters keep the same pod CIDR and
+  a pod reaches the other cluster's pods only through the fabric.
+- ``gf-<profile>-<cluster>``: the cluster's gateway node. Its ``wan`` interface is on the bridge
+  (``172.31.<p>.<n>``: consumer 1, provider 2, provider-b 3); the gateway's pod IP
   ``10.244.0.2`` (inside the pod CIDR, on no node's /24) is on its loopback. Tests attach "pods"
   to it (a veth and a /32 route, as Calico does).
 
 Each cluster then declares its network in the ConfigMap ``kube-system/gpuferry-network``: the pod
 and service CIDRs (what every cluster must declare to be peered with the fabric) and where its
 gateways run (``gatewayNetns``, ``gatewayIP``) and are reached (``endpointAddress``). Without root
-only the CIDRs are declared, and ``gpuferry peer`` needs ``--no-network``.
+only the CIDRs are declared, there is no real node, and ``gpuferry peer`` needs ``--no-network``.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ __all__ = [
     "DECLARATION",
     "GATEWAY_IP",
     "LocalNetwork",
+    "NetworkFailed",
+    "can_make_networks",
     "declaration",
     "local_network",
     "remove_network",
@@ -42,8 +52,12 @@ __all__ = [
 
 DECLARATION = ("kube-system", "gpuferry-network")
 GATEWAY_IP = "10.244.0.2"
-WAN_PREFIX = "172.31.0"
+# the third octet of a profile's WAN, 172.31.<p>.0/24: the host joins every profile's WAN, so
+# two profiles (the demo and the tests) must not share a subnet
+_WAN_OCTET = {"test": 0, "demo": 1, "scratch": 2, "dev1": 3, "dev2": 4}
 _HOSTS = {"consumer": 1, "provider": 2, "provider-b": 3}
+HOST_OCTET = 254
+NODE_NFT_TABLE = "gpuferry-node"
 
 
 @dataclass(frozen=True)
@@ -52,17 +66,58 @@ class LocalNetwork:
     """The cluster's gateway node (an ``ip netns`` name)."""
     wan_netns: str
     wan_address: str
+    """The gateway node's address on the WAN."""
+    node_netns: str
+    """The cluster's real node (an ``ip netns`` name): containerd, kubelet, kube-proxy run there."""
+    node_address: str
+    """The real node's InternalIP, on the WAN."""
+    host_link: str
+    """The host's veth on the WAN."""
+    host_address: str
+    """The host's address on the WAN, where the nodes reach the clusters' API servers."""
+    wan_cidr: str
+    node_wan_port: str
+    """The bridge port of the real node's veth (in the WAN namespace)."""
     gateway_ip: str = GATEWAY_IP
 
 
 def local_network(spec: ClusterSpec) -> LocalNetwork:
     """The names and addresses of a cluster's local network. Pure."""
     profile = spec.run_dir.parent.name
+    prefix = f"172.31.{_WAN_OCTET.get(profile, 9)}"
     host = _HOSTS.get(spec.name, 9)
     return LocalNetwork(
         netns=f"gf-{profile}-{spec.name}",
         wan_netns=f"gf-{profile}-wan",
-        wan_address=f"{WAN_PREFIX}.{host}",
+        wan_address=f"{prefix}.{host}",
+        node_netns=f"gf-{profile}-{spec.name}-node",
+        node_address=f"{prefix}.{10 + host}",
+        host_link=f"gfw-{profile}"[:15],
+        host_address=f"{prefix}.{HOST_OCTET}",
+        wan_cidr=f"{prefix}.0/24",
+        node_wan_port=f"{spec.name[:10]}-node",
+    )
+
+
+def api_advertise_address(spec: ClusterSpec) -> str:
+    """Where the cluster's pods and nodes reach its API server (the ``kubernetes`` Service's
+    endpoint): the host's WAN address when this process can make the network, else loopback."""
+    return local_network(spec).host_address if can_make_networks() else "127.0.0.1"
+
+
+def node_nft_script(net: LocalNetwork, pod_cidr: str) -> str:
+    """The real node's own nftables table: pods reach the WAN (the API servers) masqueraded behind
+    the node's address, as a CNI's ipMasq does; traffic between pods and to gateways inside the
+    node keeps its source. Pure."""
+    return (
+        f"table ip {NODE_NFT_TABLE} {{}}\n"
+        f"delete table ip {NODE_NFT_TABLE}\n"
+        f"table ip {NODE_NFT_TABLE} {{\n"
+        "  chain postrouting {\n"
+        "    type nat hook postrouting priority srcnat; policy accept;\n"
+        f'    oifname "wan" ip saddr {pod_cidr} ip daddr != {pod_cidr} masquerade\n'
+        "  }\n"
+        "}\n"
     )
 
 
@@ -88,6 +143,10 @@ def declaration(spec: ClusterSpec, network: LocalNetwork | None) -> dict[str, An
     }
 
 
+class NetworkFailed(RuntimeError):
+    """The local network could not be made; the message says which command failed and why."""
+
+
 def can_make_networks() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
@@ -95,7 +154,7 @@ def can_make_networks() -> bool:
 def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(["ip", *argv], capture_output=True, text=True, timeout=20)
     if check and result.returncode:
-        raise RuntimeError(f"ip {' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
+        raise NetworkFailed(f"ip {' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
     return result
 
 
@@ -107,8 +166,13 @@ def _link_exists(netns: str, name: str) -> bool:
     return _ip("-n", netns, "link", "show", name, check=False).returncode == 0
 
 
-def setup_network(spec: ClusterSpec) -> LocalNetwork | None:
-    """Make the cluster's network (idempotent); None when this process may not (not root)."""
+def _host_link_exists(name: str) -> bool:
+    return _ip("link", "show", name, check=False).returncode == 0
+
+
+def setup_network(spec: ClusterSpec, *, pod_cidr: str | None = None) -> LocalNetwork | None:
+    """Make the cluster's network (idempotent); None when this process may not (not root).
+    ``pod_cidr``: the real node's pod range, masqueraded towards the WAN (no real node: None)."""
     if not can_make_networks():
         return None
     net = local_network(spec)
@@ -118,6 +182,19 @@ def setup_network(spec: ClusterSpec) -> LocalNetwork | None:
     if not _link_exists(net.wan_netns, "br0"):
         _ip("-n", net.wan_netns, "link", "add", "br0", "type", "bridge")
         _ip("-n", net.wan_netns, "link", "set", "br0", "up")
+    if not _host_link_exists(net.host_link):
+        taken = _ip("-o", "route", "show", "to", "match", net.host_address).stdout.split("\n")
+        if clash := [r for r in taken if r.strip() and not r.startswith("default")]:
+            raise NetworkFailed(
+                f"the local clusters' WAN {net.wan_cidr} is already routed on this machine "
+                f"({clash[0].strip()}); free it, or use another profile (each has its own 172.31.<n>.0/24)"
+            )
+        _ip("link", "add", net.host_link, "type", "veth", "peer", "name", "host", "netns", net.wan_netns)
+        _ip("-n", net.wan_netns, "link", "set", "host", "master", "br0", "up")
+        _ip("addr", "add", f"{net.host_address}/24", "dev", net.host_link)
+        _ip("link", "set", net.host_link, "up")
+    if pod_cidr is not None:
+        _setup_node(net, pod_cidr)
     if not _netns_exists(net.netns):
         _ip("netns", "add", net.netns)
         _ip("-n", net.netns, "link", "set", "lo", "up")
@@ -130,6 +207,31 @@ def setup_network(spec: ClusterSpec) -> LocalNetwork | None:
         _ip("-n", net.netns, "addr", "add", f"{net.wan_address}/24", "dev", "wan")
         _ip("-n", net.netns, "link", "set", "wan", "up")
     return net
+
+
+def _setup_node(net: LocalNetwork, pod_cidr: str) -> None:
+    """The real node's namespace: on the WAN at its address, forwarding for its pods, and its
+    masquerade table (applied again each time: one ``nft -f`` transaction)."""
+    if not _netns_exists(net.node_netns):
+        _ip("netns", "add", net.node_netns)
+        _ip("-n", net.node_netns, "link", "set", "lo", "up")
+    if not _link_exists(net.node_netns, "wan"):
+        _ip("link", "add", "wan", "netns", net.node_netns, "type", "veth", "peer", "name", net.node_wan_port,
+            "netns", net.wan_netns)  # fmt: skip
+        _ip("-n", net.wan_netns, "link", "set", net.node_wan_port, "master", "br0", "up")
+        _ip("-n", net.node_netns, "addr", "add", f"{net.node_address}/24", "dev", "wan")
+        _ip("-n", net.node_netns, "link", "set", "wan", "up")
+    # a default gateway, as every machine has: a Service address must be routable before
+    # kube-proxy's DNAT rewrites it (from the node's own processes, e.g. hostNetwork pods). The host
+    # has no route into any cluster's pod range, so this opens no path between clusters.
+    _ip("-n", net.node_netns, "route", "replace", "default", "via", net.host_address, "dev", "wan")
+    _ip("netns", "exec", net.node_netns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+    nft = subprocess.run(
+        ["ip", "netns", "exec", net.node_netns, "nft", "-f", "-"],
+        input=node_nft_script(net, pod_cidr), capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    if nft.returncode:
+        raise NetworkFailed(f"nft in {net.node_netns} exited {nft.returncode}: {nft.stderr.strip()}")
 
 
 def _kill_inside(netns: str) -> None:
@@ -149,10 +251,11 @@ def remove_network(spec: ClusterSpec) -> bool:
         return False
     net = local_network(spec)
     removed = False
-    if _netns_exists(net.netns):
-        _kill_inside(net.netns)
-        _ip("netns", "del", net.netns, check=False)
-        removed = True
+    for netns in (net.netns, net.node_netns):
+        if _netns_exists(netns):
+            _kill_inside(netns)
+            _ip("netns", "del", netns, check=False)
+            removed = True
     for sock in Path("/var/run/wireguard").glob("gf*.sock") if Path("/var/run/wireguard").is_dir() else []:
         # a userspace WireGuard socket whose process is gone (killed above)
         with contextlib.suppress(OSError):
@@ -161,7 +264,9 @@ def remove_network(spec: ClusterSpec) -> bool:
     profile = spec.run_dir.parent.name
     others = [n for n in Path("/run/netns").glob(f"gf-{profile}-*") if n.name != net.wan_netns]
     if _netns_exists(net.wan_netns) and not others:
-        _ip("netns", "del", net.wan_netns, check=False)
+        _ip("netns", "del", net.wan_netns, check=False)  # its veths go with it, the host's too
+    if not others and _host_link_exists(net.host_link):
+        _ip("link", "del", net.host_link, check=False)
     return removed
 
 

@@ -4,7 +4,8 @@ One CA per cluster plays three roles, as in kwokctl and kubeadm's single-CA mode
 API server's serving certificate, it is the API server's ``--client-ca-file`` (so client
 certificates it signs authenticate), and it is the controller-manager's CSR signing CA (so
 certificates issued through the CSR API for ``kubernetes.io/kube-apiserver-client`` authenticate
-too). The service-account key pair is separate.
+too). The service-account key pair is separate, and so is the front-proxy CA that the API server's
+aggregation layer uses towards extension API servers (metrics-server), as kubeadm does.
 """
 
 from __future__ import annotations
@@ -50,16 +51,16 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _load_ca(pki: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
-    key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+def _load_ca(pki: Path, stem: str = "ca") -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    cert = x509.load_pem_x509_certificate((pki / f"{stem}.crt").read_bytes())
+    key = serialization.load_pem_private_key((pki / f"{stem}.key").read_bytes(), password=None)
     assert isinstance(key, ec.EllipticCurvePrivateKey)
     return cert, key
 
 
-def _make_ca(pki: Path, cluster: str) -> None:
+def _make_ca(pki: Path, cluster: str, stem: str = "ca") -> None:
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuferry-{cluster}-ca")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuferry-{cluster}-{stem}")])
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -86,8 +87,8 @@ def _make_ca(pki: Path, cluster: str) -> None:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_key(pki / "ca.key", key)
-    _write_cert(pki / "ca.crt", cert)
+    _write_key(pki / f"{stem}.key", key)
+    _write_cert(pki / f"{stem}.crt", cert)
 
 
 def _issue(
@@ -97,8 +98,9 @@ def _issue(
     *,
     server: bool,
     sans: list[x509.GeneralName] | None = None,
+    ca: str = "ca",
 ) -> None:
-    ca_cert, ca_key = _load_ca(pki)
+    ca_cert, ca_key = _load_ca(pki, ca)
     key = ec.generate_private_key(ec.SECP256R1())
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
@@ -128,14 +130,33 @@ def _client_subject(identity: ClientIdentity) -> x509.Name:
     return x509.Name(attrs)
 
 
-def ensure_server_cert(pki: Path, stem: str, *, common_name: str, ips: tuple[str, ...]) -> None:
-    """A serving certificate signed by the cluster CA (e.g. kwok's kubelet-like server, which the
-    API server verifies with ``--kubelet-certificate-authority``); kept when present."""
-    if (pki / f"{stem}.crt").exists():
+def _ip_sans(path: Path) -> set[str]:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return set()
+    return {str(ip) for ip in ext.value.get_values_for_type(x509.IPAddress)}
+
+
+def ensure_server_cert(
+    pki: Path, stem: str, *, common_name: str, ips: tuple[str, ...], dns: tuple[str, ...] = ()
+) -> None:
+    """A serving certificate signed by the cluster CA (e.g. kwok's kubelet-like server or a real
+    kubelet, which the API server verifies with ``--kubelet-certificate-authority``); kept when
+    present with every address asked for, issued again otherwise."""
+    if (pki / f"{stem}.crt").exists() and set(ips) <= _ip_sans(pki / f"{stem}.crt"):
         return
     sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    sans += [x509.DNSName(name) for name in dns]
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     _issue(pki, stem, subject, server=True, sans=sans)
+
+
+def ensure_client_cert(pki: Path, identity: ClientIdentity, *, ca: str = "ca") -> None:
+    """A client certificate for ``identity`` signed by the CA ``ca`` (file stem); kept when present."""
+    if not (pki / f"{identity.stem}.crt").exists():
+        _issue(pki, identity.stem, _client_subject(identity), server=False, ca=ca)
 
 
 def ensure_pki(
@@ -144,15 +165,19 @@ def ensure_pki(
     cluster: str,
     service_ip: str,
     clients: list[ClientIdentity],
+    advertise_address: str = "127.0.0.1",
 ) -> None:
     """Create whatever is missing under ``pki``; existing files are kept (start is idempotent)."""
     pki.mkdir(parents=True, exist_ok=True)
     if not (pki / "ca.crt").exists():
         _make_ca(pki, cluster)
-    if not (pki / "apiserver.crt").exists():
+    if not (pki / "front-proxy-ca.crt").exists():
+        _make_ca(pki, cluster, "front-proxy-ca")
+    ensure_client_cert(pki, ClientIdentity("front-proxy-client", "front-proxy-client"), ca="front-proxy-ca")
+    ips = {"127.0.0.1", service_ip, advertise_address}
+    if not (pki / "apiserver.crt").exists() or not ips <= _ip_sans(pki / "apiserver.crt"):
         sans: list[x509.GeneralName] = [
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.IPAddress(ipaddress.ip_address(service_ip)),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in sorted(ips)),
             x509.DNSName("localhost"),
             x509.DNSName("kubernetes"),
             x509.DNSName("kubernetes.default"),
@@ -162,8 +187,7 @@ def ensure_pki(
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
         _issue(pki, "apiserver", subject, server=True, sans=sans)
     for identity in clients:
-        if not (pki / f"{identity.stem}.crt").exists():
-            _issue(pki, identity.stem, _client_subject(identity), server=False)
+        ensure_client_cert(pki, identity)
     if not (pki / "sa.key").exists():
         sa_key = ec.generate_private_key(ec.SECP256R1())
         _write_key(pki / "sa.key", sa_key)

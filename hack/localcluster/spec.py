@@ -59,6 +59,42 @@ class NodeSpec:
     pod_cidr: str | None = None
 
 
+# An older inference part, as GFD labels an NVIDIA T4 (16 GB, Turing, compute 7.5): the product of
+# the provider's real node, distinct from the kwok nodes' so that a slice can select it alone.
+T4_LABELS: dict[str, str] = {
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "Tesla-T4",
+    "nvidia.com/gpu.memory": "15360",
+    "nvidia.com/gpu.family": "turing",
+    "nvidia.com/gpu.compute.major": "7",
+    "nvidia.com/gpu.compute.minor": "5",
+    "nvidia.com/cuda.driver-version.major": "580",
+    "nvidia.com/cuda.driver-version.minor": "159",
+    "nvidia.com/cuda.driver-version.rev": "04",
+    "nvidia.com/cuda.runtime-version.major": "13",
+    "nvidia.com/cuda.runtime-version.minor": "0",
+    "nvidia.com/mig.capable": "false",
+    "nvidia.com/gpu.machine": "g4dn.xlarge",
+}
+
+REAL_NODE_LABEL = "gpuferry.io/real-node"
+"""Label and taint key of the local clusters' real nodes. The taint (NoSchedule) keeps the pods of
+tests written for kwok's fake nodes (images that exist nowhere) off the one node that really
+pulls and runs images; real workloads tolerate it and select the node by the label."""
+
+
+@dataclass(frozen=True)
+class RealNodeSpec:
+    """The one node of a cluster that runs real containers (containerd + kubelet)."""
+
+    name: str
+    pod_cidr: str
+    """Its pods' range (CNI host-local), a /24 of the cluster's pod CIDR no kwok node uses."""
+    gpus: int = 0
+    """``nvidia.com/gpu`` advertised as an extended resource on its status (no device plugin)."""
+    gpu_labels: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Ports:
     """Loopback ports of one cluster's components."""
@@ -103,6 +139,7 @@ class ClusterSpec:
     pod_cidr: str
     nodes: tuple[NodeSpec, ...]
     run_dir: Path
+    real_node: RealNodeSpec | None = None
 
     @property
     def first_service_ip(self) -> str:
@@ -126,6 +163,11 @@ class ClusterSpec:
     def kubeconfig(self) -> Path:
         """The admin kubeconfig (``system:masters``) for this cluster."""
         return self.run_dir / "admin.kubeconfig"
+
+    @property
+    def node_dir(self) -> Path:
+        """The real node's state: containerd, kubelet, CNI, logs."""
+        return self.run_dir / "node"
 
     @property
     def server(self) -> str:
@@ -200,6 +242,7 @@ def second_provider_spec(profile: str, run_root: Path | None = None) -> ClusterS
         pod_cidr="10.244.0.0/16",
         nodes=second_provider_nodes(),
         run_dir=root / "provider-b",
+        real_node=RealNodeSpec(name="real-0", pod_cidr="10.244.30.0/24"),
     )
 
 
@@ -240,6 +283,7 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
             pod_cidr="10.244.0.0/16",
             nodes=consumer_nodes(),
             run_dir=root / "consumer",
+            real_node=RealNodeSpec(name="real-0", pod_cidr="10.244.10.0/24"),
         ),
         "provider": ClusterSpec(
             name="provider",
@@ -249,5 +293,9 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
             pod_cidr="10.244.0.0/16",
             nodes=provider_nodes(),
             run_dir=root / "provider",
+            real_node=RealNodeSpec(
+                name="real-0", pod_cidr="10.244.20.0/24", gpus=2,
+                gpu_labels={**T4_LABELS, "nvidia.com/gpu.count": "2"},
+            ),
         ),
     }

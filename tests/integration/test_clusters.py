@@ -40,8 +40,12 @@ def gpu_pod(name: str, gpus: int, **annotations: str) -> RawObject:
     }
 
 
-async def test_provider_nodes_look_like_gpu_nodes(provider_client: KubeClient) -> None:
+async def test_provider_nodes_look_like_gpu_nodes(
+    provider: LocalCluster, provider_client: KubeClient
+) -> None:
     nodes = {n["metadata"]["name"]: n for n in (await provider_client.list(NODES))["items"]}
+    # and, as root, the real node (a kubelet), with two GPUs as an extended resource
+    real = {"real-0": "2"} if provider.has_real_node else {}
     gpus = {name: n["status"]["allocatable"].get("nvidia.com/gpu") for name, n in nodes.items()}
     assert gpus == {
         "gpu-h100-0": "8",
@@ -51,6 +55,7 @@ async def test_provider_nodes_look_like_gpu_nodes(provider_client: KubeClient) -
         "gpu-l4-0": "2",
         "gpu-l4-1": "2",
         "cpu-0": None,
+        **real,
     }
     h100 = nodes["gpu-h100-0"]["metadata"]["labels"]
     assert h100["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
