@@ -19,8 +19,12 @@ C=$GPUFERRY_CONSUMER_KUBECONFIG
 P=$GPUFERRY_PROVIDER_KUBECONFIG
 
 cols='NAME:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,GPUS:.status.allocatable.nvidia\.com/gpu,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product'
-step "provider cluster: its GPU nodes"
-"$kubectl" --kubeconfig "$P" get nodes -o custom-columns="$cols"
+step "provider cluster: its GPU nodes (simulated by kwok, and real-0: a real kubelet and containerd)"
+"$kubectl" --kubeconfig "$P" get nodes -o custom-columns="$cols,RUNTIME:.status.nodeInfo.containerRuntimeVersion"
+if "$kubectl" --kubeconfig "$C" get node real-0 >/dev/null 2>&1; then
+  step "consumer cluster: CoreDNS and metrics-server run as real containers on its real node"
+  "$kubectl" --kubeconfig "$C" -n kube-system get pods -o wide
+fi
 
 # the network fabric's local gateways live in network namespaces: root only
 network=()
@@ -38,7 +42,7 @@ $gf offload namespace "$ns" --kubeconfig "$C"
 
 step "an ML engineer: kubectl create -f job.yaml (no toleration, no node selector)"
 job=finetune-$(date +%H%M%S)
-cat <<YAML | tee /dev/stderr | "$kubectl" --kubeconfig "$C" -n "$ns" create -f -
+cat <<YAML | tee -a /dev/stderr | "$kubectl" --kubeconfig "$C" -n "$ns" create -f -
 apiVersion: batch/v1
 kind: Job
 metadata: {name: $job}
