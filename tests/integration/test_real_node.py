@@ -151,6 +151,25 @@ def test_logs_exec_port_forward_cp_and_top_on_a_real_pod(consumer: LocalCluster,
         consumer.kubectl("-n", ns, "cp", "box:/tmp/payload.txt", str(back))
         assert back.read_text() == payload.read_text()
 
+        # attach: to the stdin and stdout of a running container's main process
+        echo = pod(
+            "echo",
+            consumer.images["testbox"],
+            ["sh", "-c", 'while read l; do echo "got $l"; done'],
+            restartPolicy="Never",
+            container={"stdin": True, "stdinOnce": True},
+        )
+        apply(consumer, ns, echo)
+        wait_ready(consumer, ns, "echo")
+        attached = subprocess.run(
+            _kubectl(consumer, "-n", ns, "attach", "-i", "echo"),
+            input="ping\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "got ping" in attached.stdout, attached.stderr
+
         # top: metrics-server scrapes the real kubelet (resolution 15 s)
         deadline = time.monotonic() + 120
         while True:
