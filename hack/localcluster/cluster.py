@@ -27,7 +27,7 @@ from .binaries import HACK_DIR, Binaries, versions
 from .network import api_advertise_address, can_make_networks, declaration, remove_network, setup_network
 from .nodes import node_manifest
 from .pki import ClientIdentity, ensure_pki, ensure_server_cert
-from .processes import Component, ComponentFailed, PortBusy, ProcessTable, port_in_use
+from .processes import Component, ComponentFailed, PortBusy, ProcessTable, port_held
 from .realnode import NODE_COMPONENTS, NodeFailed, RealNode
 from .spec import ClusterSpec
 
@@ -372,7 +372,7 @@ class LocalCluster:
         """Every port a component that is not running needs must be free before anything starts:
         a half-started cluster is worse than none."""
         for name, component in self.components().items():
-            if self.procs.pid(name) is None and (busy := [p for p in component.ports if port_in_use(p)]):
+            if self.procs.pid(name) is None and (busy := [p for p in component.ports if port_held(p)]):
                 raise PortBusy(
                     f"{self.spec.name}: {name} needs 127.0.0.1:{busy[0]}, which a process that this cluster "
                     f"did not start holds; stop that process, or run this profile's clusters elsewhere "

@@ -48,15 +48,43 @@ def _start_time(pid: int) -> str | None:
         return None
     # the command name (field 2) may contain spaces: split after its closing parenthesis
     fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] == "Z":  # zombie: exited, not yet reaped
+    if fields[0] == "Z" and not _threads_left(pid):  # zombie: exited, not yet reaped
         return None
     return fields[19]
+
+
+def _threads_left(pid: int) -> bool:
+    """Whether threads of ``pid`` other than its main one still exist. A multi-threaded process
+    that was killed shows its main thread as a zombie while the others are still exiting, and the
+    last of them is the one that closes its files (its listening sockets): until then it has not
+    really exited."""
+    try:
+        return any(task.name != str(pid) for task in Path(f"/proc/{pid}/task").iterdir())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not finished exiting (every thread of it gone)."""
+    return _start_time(pid) is not None
 
 
 def port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def port_held(port: int, *, grace: float = 3.0) -> bool:
+    """Whether ``port`` stays in use for ``grace`` seconds. A multi-threaded process that was just
+    killed looks dead (its main thread is a zombie) a moment before its last thread closes its
+    listening socket: such a port is about to be free, not held."""
+    deadline = time.monotonic() + grace
+    while port_in_use(port):
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @dataclass(frozen=True)
@@ -108,7 +136,7 @@ class ProcessTable:
             self.wait_healthy(component, timeout=timeout)
             return False
         for port in component.ports:
-            if port_in_use(port):
+            if port_held(port):
                 raise PortBusy(
                     f"{component.name}: port 127.0.0.1:{port} is in use by a process that this "
                     f"cluster did not start (another profile or program?)"

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +23,11 @@ import pytest
 from hack.localcluster import LocalCluster, profile_clusters
 from hack.localcluster.network import local_network
 from hack.localcluster.nodeconfig import cgroup_root
-from hack.localcluster.processes import port_in_use
+from hack.localcluster.processes import port_in_use, running
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _mounts() -> list[str]:
@@ -47,10 +40,11 @@ def _started(messages: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def scratch() -> LocalCluster:
+def scratch() -> Iterator[LocalCluster]:
     cluster = profile_clusters("scratch")["consumer"]
     cluster.down()  # a previous run that died half-way must not decide this one
-    return cluster
+    yield cluster
+    cluster.down()  # nor must a test here that failed half-way decide the next one
 
 
 def _leftovers(cluster: LocalCluster, shim_sockets: list[Path]) -> list[str]:
@@ -106,9 +100,11 @@ def test_up_is_idempotent_and_crashes_are_reported_then_down_leaves_nothing(scra
     assert {st.name: st.pid for st in scratch.status()} == pids
 
     # a component that dies is reported with the tail of its log ...
-    os.kill(pids["kube-scheduler"], signal.SIGKILL)
+    scheduler = pids["kube-scheduler"]
+    assert scheduler is not None
+    os.kill(scheduler, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(pids["kube-scheduler"]) and time.monotonic() < deadline:
+    while running(scheduler) and time.monotonic() < deadline:
         time.sleep(0.05)
     crashed = scratch.crashed()
     assert [c.name for c in crashed] == ["kube-scheduler"]
@@ -125,7 +121,7 @@ def test_up_is_idempotent_and_crashes_are_reported_then_down_leaves_nothing(scra
     pids = {st.name: st.pid for st in scratch.status()}
     stopped = scratch.down()
     assert sorted(stopped) == sorted(scratch.component_names())
-    assert not [name for name, pid in pids.items() if pid and _alive(pid)]
+    assert not [name for name, pid in pids.items() if pid and running(pid)]
     assert not [port for port in scratch.spec.ports.all().values() if port_in_use(port)]
     assert _leftovers(scratch, shim_sockets) == []
     assert not scratch.spec.run_dir.exists()
