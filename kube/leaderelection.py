@@ -1,8 +1,8 @@
-"""Leader election through a coordination.k8s.io Lease: one provider controller decides at a time.
+"""Leader election through a coordination.k8s.io Lease: one replica of a controller acts at a time.
 
-Grant decisions are serialized inside one controller (one queue key); a Lease makes sure only
-one controller of a provider cluster runs its reconcilers, however many were started (a
-Deployment with replicas, a second ``python -m peering.provider``, a CLI agent). The protocol is
+A Lease makes sure only one replica of a component runs its reconcilers, however many were
+started (a Deployment with replicas, a second ``python -m peering.provider``, a CLI agent); the
+others keep their caches warm and take over when the leader's Lease expires. The protocol is
 client-go's: take the Lease when it is free or expired (``renewTime + leaseDurationSeconds`` in
 the past), with the resourceVersion as precondition so two candidates cannot both win; renew it
 every ``renew_seconds``; stop leading (raise) if it could not be renewed for
@@ -20,13 +20,16 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
-from kube.objects import LEASES, NAMESPACES, RawObject, meta
+from .clients import KubeClient
+from .errors import AlreadyExists, Conflict, KubeError, NotFound
+from .metrics import gauge
+from .objects import LEASES, NAMESPACES, RawObject, meta
 
 __all__ = ["LeaderElector", "LostLeadership"]
 
 logger = logging.getLogger(__name__)
+
+_LEADING = gauge("leader", "1 while this process holds its component's leader Lease.", ["lease"])
 
 
 class LostLeadership(Exception):
@@ -61,6 +64,12 @@ class LeaderElector:
     identity: str = field(default_factory=_default_identity)
     lease_seconds: int = 15
     renew_seconds: float = 5.0
+    leading: bool = field(default=False, init=False)
+    """Whether this identity holds the Lease (as of the last attempt)."""
+
+    def _set_leading(self, value: bool) -> None:
+        self.leading = value
+        _LEADING.labels(f"{self.namespace}/{self.name}").set(1 if value else 0)
 
     def _body(self, lease: RawObject | None, now: datetime) -> RawObject:
         spec = dict((lease or {}).get("spec") or {})
@@ -103,11 +112,13 @@ class LeaderElector:
 
     async def acquire(self) -> None:
         """Wait until this identity holds the Lease."""
+        self._set_leading(False)  # a standby says so in /metrics, not by a missing sample
         announced = False
         while True:
             try:
                 if await self.try_acquire():
                     logger.info("Lease %s/%s: leading as %s", self.namespace, self.name, self.identity)
+                    self._set_leading(True)
                     return
             except KubeError as exc:
                 logger.warning("Lease %s/%s: cannot acquire (%s); retrying", self.namespace, self.name, exc)
@@ -133,6 +144,7 @@ class LeaderElector:
                     raise LostLeadership(f"Lease {self.namespace}/{self.name} not renewed for "
                                          f"{self.lease_seconds}s")
         finally:
+            self._set_leading(False)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.release())
 

@@ -20,7 +20,6 @@ __all__ = [
     "ENDPOINTSLICES",
     "EVENTS",
     "FOREIGNCLUSTERS",
-    "GATEWAY_PUBLIC_KEY_ANNOTATION",
     "GPUSLICES",
     "JOBS",
     "LEASES",
@@ -40,7 +39,6 @@ __all__ = [
     "SERVICEACCOUNTS",
     "SERVICES",
     "TENANTS",
-    "TENANT_NAMESPACE_PREFIX",
     "VIRTUALNODES",
     "ObjectKey",
     "RawObject",
@@ -182,12 +180,6 @@ NAMESPACEOFFLOADINGS = Resource(
 )
 PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
 
-# Names the packages share through objects (vk, peering and netfabric never import each other).
-GATEWAY_PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
-"""A gateway's WireGuard public key, set by the gateway on its key Secret and on the PeerNetwork it
-reconciles; the peering carries it into the other side's PeerNetwork."""
-TENANT_NAMESPACE_PREFIX = "gpuferry-tenant-"
-"""The provider namespace of a consumer is this prefix and the consumer's cluster ID."""
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:

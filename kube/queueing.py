@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 from . import metrics
+from .backoff import backoff_delay
 from .settings import QueueSettings
 
 __all__ = ["Handler", "KeyedQueue"]
@@ -140,10 +141,10 @@ class KeyedQueue(Generic[K]):
 
     def requeue_rate_limited(self, key: K, *, base: float | None = None) -> float:
         """Add ``key`` again after its backoff delay (doubling per failure); returns the delay."""
-        failures = self._failures.get(key, 0)
+        failures = self._failures.get(key, 0) + 1
         first = self.settings.backoff_base if base is None else base
-        delay = min(first * 2.0**failures, self.settings.backoff_max)
-        self._failures[key] = failures + 1
+        delay = backoff_delay(failures, base=first, cap=self.settings.backoff_max)
+        self._failures[key] = failures
         self._retries.inc()
         self.add_after(key, delay)
         return delay

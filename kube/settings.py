@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Self
 
-__all__ = ["ClientSettings", "LoggingSettings", "QueueSettings", "WatchSettings"]
+__all__ = [
+    "ClientSettings",
+    "LeaderElectionSettings",
+    "LoggingSettings",
+    "ProbeSettings",
+    "QueueSettings",
+    "WatchSettings",
+]
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -155,3 +162,32 @@ class LoggingSettings(_FromEnv):
     """``text`` for people, ``json`` for one JSON object per line."""
     quiet_libraries: bool = True
     """Raise aiohttp's and asyncio's loggers to WARNING."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeSettings(_FromEnv):
+    """Where a component serves ``/healthz``, ``/readyz`` and ``/metrics`` (:mod:`kube.probes`)."""
+
+    section: ClassVar[str] = "PROBES"
+
+    bind_address: str = "127.0.0.1"
+    """Address to listen on: ``0.0.0.0`` in a pod (the kubelet probes the pod IP)."""
+    port: int = 0
+    """Port; 0 picks a free one (local processes), -1 serves nothing."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderElectionSettings(_FromEnv):
+    """The Lease that lets one replica of a component act at a time (:mod:`kube.leaderelection`)."""
+
+    section: ClassVar[str] = "LEADER"
+
+    enabled: bool = True
+    namespace: str = "gpuferry-system"
+    name: str = ""
+    """The Lease's name; each component sets its own."""
+    lease_seconds: int = 15
+    """How long a Lease not renewed stays held: a standby takes over within this after the leader died."""
+    renew_seconds: float = 5.0
+    identity: str = ""
+    """This replica's identity (default: host name, pid and a random suffix)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
@@ -28,6 +27,7 @@ from typing import Literal
 import aiohttp
 import orjson
 
+from . import backoff
 from .clients import KubeClient
 from .errors import Gone, KubeError, TooManyRequests, Unreachable, from_exception, from_response, is_temporary
 from .objects import ObjectKey, RawObject, Resource
@@ -83,10 +83,8 @@ async def iter_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
 
 def backoff_delay(failures: int, settings: WatchSettings, retry_after: float | None = None) -> float:
     """The wait before reconnect number ``failures`` (1-based); ``retry_after`` wins if given."""
-    if retry_after is not None:
-        return retry_after
-    delay: float = min(settings.backoff_base * 2.0 ** max(failures - 1, 0), settings.backoff_max)
-    return delay * (1 + settings.backoff_jitter * random.random())
+    return backoff.backoff_delay(failures, base=settings.backoff_base, cap=settings.backoff_max,
+                                 jitter=settings.backoff_jitter, retry_after=retry_after)  # fmt: skip
 
 
 async def _list(

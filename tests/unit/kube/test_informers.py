@@ -1,0 +1,135 @@
+"""The informer against the fake API server: its store follows the watch, a relist after 410
+turns what vanished meanwhile into deletions, objects filed under another key keep their
+successor, and projections keep only what is read."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.informers import Change, Informer, drop_noise
+from kube.objects import CONFIGMAPS, ObjectKey
+from kube.settings import WatchSettings
+
+from .fakeapi import NS, FakeApi, Pause, configmap, error_event, event
+
+FAST = WatchSettings(timeout_seconds=7, backoff_base=0.01, backoff_max=0.05, backoff_jitter=0, read_timeout=5)
+
+
+def summary(changes: list[Change]) -> list[str]:
+    return [f"{c.type}:{c.key.name}" for c in changes]
+
+
+async def until(condition: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_relist_after_410_turns_what_vanished_into_deletions(fake: FakeApi, client: KubeClient) -> None:
+    fake.put("a", "b")
+    modified = configmap("a", 103, size="big")
+    fake.watch_scripts = [[event("MODIFIED", modified), error_event(410, "Expired")], [Pause(30)]]
+    informer = Informer(client, CONFIGMAPS, namespace=NS, settings=FAST)
+    changes: list[Change] = []
+
+    def record(change: Change) -> None:
+        changes.append(change)
+        if change.type == "MODIFIED" and len(changes) == 3:
+            # while the watcher is away, b goes and d comes: only the relist can tell
+            del fake.objects["b"]
+            fake.put("d")
+
+    informer.add_handler(record)
+    task = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 5)
+        await until(lambda: len(changes) == 6)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert summary(changes) == ["ADDED:a", "ADDED:b", "MODIFIED:a", "MODIFIED:a", "ADDED:d", "DELETED:b"]
+    old, new = changes[2].old, changes[2].new
+    assert old is not None and new is not None
+    assert (old["metadata"]["resourceVersion"], old["data"]) == ("101", {})
+    assert (new["metadata"]["resourceVersion"], new["data"]) == ("103", modified["data"])
+    assert changes[5].new is None and changes[5].object["metadata"]["name"] == "b"
+    assert sorted(k.name for k in informer) == ["a", "d"]
+
+
+async def test_a_deletion_never_drops_the_successor_filed_under_the_same_key(
+    fake: FakeApi, client: KubeClient
+) -> None:
+    def slot(obj: dict[str, Any]) -> ObjectKey | None:
+        value = (obj.get("data") or {}).get("slot")
+        return ObjectKey(NS, value) if value else None
+
+    fake.watch_scripts = [
+        [
+            event("ADDED", configmap("first", 101, slot="s")),
+            event("ADDED", configmap("second", 102, slot="s")),
+            event("ADDED", configmap("unfiled", 103)),
+            event("DELETED", configmap("first", 104, slot="s")),
+        ],
+        [Pause(30)],
+    ]
+    # a projection that keeps nothing of the metadata (the uid included) changes nothing
+    informer = Informer(
+        client,
+        CONFIGMAPS,
+        namespace=NS,
+        key_of=slot,
+        settings=FAST,
+        project=lambda obj: {"data": obj.get("data"), "metadata": {"name": obj["metadata"]["name"]}},
+    )
+    changes: list[Change] = []
+    informer.add_handler(changes.append)
+    task = asyncio.create_task(informer.run())
+    try:
+        await until(lambda: len(changes) == 2 and len(fake.watches) == 2)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert summary(changes) == ["ADDED:s", "MODIFIED:s"]
+    stored = informer.get(ObjectKey(NS, "s"))
+    assert stored is not None and stored["metadata"]["name"] == "second"
+
+
+async def test_a_deletion_removes_the_object_whatever_the_projection_keeps(
+    fake: FakeApi, client: KubeClient
+) -> None:
+    fake.put("a")
+    fake.watch_scripts = [[event("DELETED", configmap("a", 102))], [Pause(30)]]
+    informer = Informer(client, CONFIGMAPS, namespace=NS, settings=FAST, project=lambda obj: {})
+    changes: list[Change] = []
+    informer.add_handler(changes.append)
+    task = asyncio.create_task(informer.run())
+    try:
+        await until(lambda: len(changes) == 2)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert summary(changes) == ["ADDED:a", "DELETED:a"]
+    assert len(informer) == 0
+
+
+def test_the_default_projection_drops_managed_fields_and_last_applied() -> None:
+    obj = {
+        "metadata": {
+            "name": "a",
+            "managedFields": [{"manager": "kubectl"}],
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "keep": "me"},
+        },
+        "data": {"x": "1"},
+    }
+    projected = drop_noise(obj)
+    assert projected == {"metadata": {"name": "a", "annotations": {"keep": "me"}}, "data": {"x": "1"}}
+    assert obj["metadata"]["managedFields"], "the watched object itself is not changed"
+    plain = {"metadata": {"name": "b"}}
+    assert drop_noise(plain) is plain
