@@ -1,0 +1,124 @@
+"""A cluster's network declaration: the ConfigMap ``kube-system/gpuferry-network``. Pure.
+
+Every cluster that joins the network fabric declares its network there; peering reads it to
+tell each peer what this cluster's pods and Services use, and the gateways read it to know
+where they run and listen:
+
+``podCIDRs``, ``serviceCIDRs``
+    comma-separated IPv4 CIDRs (required for the fabric);
+``gatewayNetns``, ``gatewayIP``
+    where the gateways run when they are processes on a machine (a network namespace) and the pod
+    IP they use (in a gateway pod: its own namespace and pod IP);
+``endpointAddress``, ``endpointPort``
+    where peers reach this cluster's gateways (a provider's NodePort or LoadBalancer address; each
+    gateway listens on ``endpointPort`` + its slot, 51820 by default);
+``mtu``
+    of this cluster's tunnel interfaces (default 1420: a 1500-byte underlay less WireGuard's
+    worst case); lower it for an underlay that already encapsulates (e.g. 1370 over VXLAN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, ip_address, ip_network
+from typing import Any
+
+__all__ = [
+    "DECLARATION_NAME",
+    "DECLARATION_NAMESPACE",
+    "DEFAULT_PORT",
+    "MAX_SLOTS",
+    "Declaration",
+    "DeclarationError",
+    "declaration_from_configmap",
+]
+
+DECLARATION_NAMESPACE = "kube-system"
+DECLARATION_NAME = "gpuferry-network"
+DEFAULT_PORT = 51820
+MAX_SLOTS = 64
+"""Gateways that may share a network namespace (each listens on ``endpointPort`` + its slot)."""
+
+
+class DeclarationError(ValueError):
+    """A cluster's network declaration is missing or wrong; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    pod_cidrs: tuple[str, ...]
+    service_cidrs: tuple[str, ...]
+    gateway_netns: str | None = None
+    gateway_ip: str | None = None
+    endpoint_address: str | None = None
+    endpoint_port: int = DEFAULT_PORT
+    mtu: int | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """Whether gateways for this cluster can run here, as local processes."""
+        return bool(self.gateway_netns and self.gateway_ip)
+
+
+def _cidrs(text: str, key: str, where: str) -> tuple[str, ...]:
+    out: list[IPv4Network] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            network = ip_network(part, strict=True)
+        except ValueError as e:
+            raise DeclarationError(f"{where}: {key} {part!r} is not an IPv4 network address: {e}") from None
+        if not isinstance(network, IPv4Network):
+            raise DeclarationError(f"{where}: {key} {part!r} is IPv6; the network fabric is IPv4 only")
+        for other in out:
+            if network.overlaps(other):
+                raise DeclarationError(f"{where}: {key} {network} overlaps {other}")
+        out.append(network)
+    if not out:
+        raise DeclarationError(f"{where}: {key} is empty: declare at least one CIDR")
+    return tuple(map(str, out))
+
+
+def declaration_from_configmap(cm: Mapping[str, Any] | None, *, side: str) -> Declaration:
+    """Validate a declaration ConfigMap (``None``: absent); errors say what to fix, per side."""
+    where = f"the {side}'s network declaration (ConfigMap {DECLARATION_NAMESPACE}/{DECLARATION_NAME})"
+    if cm is None:
+        raise DeclarationError(
+            f"the {side} cluster declares no network: create the ConfigMap "
+            f"{DECLARATION_NAMESPACE}/{DECLARATION_NAME} with podCIDRs and serviceCIDRs "
+            "(see `gpuferry peer --help`), or peer with --no-network"
+        )
+    data = cm.get("data") or {}
+    pods = _cidrs(str(data.get("podCIDRs", "")), "podCIDRs", where)
+    services = _cidrs(str(data.get("serviceCIDRs", "")), "serviceCIDRs", where)
+    for service in services:
+        for pod in pods:
+            if ip_network(service).overlaps(ip_network(pod)):
+                raise DeclarationError(f"{where}: serviceCIDRs {service} overlaps podCIDRs {pod}")
+    gateway_ip = data.get("gatewayIP") or None
+    if gateway_ip is not None:
+        try:
+            address = ip_address(gateway_ip)
+        except ValueError:
+            raise DeclarationError(f"{where}: gatewayIP {gateway_ip!r} is not an IP address") from None
+        if not isinstance(address, IPv4Address) or not any(address in ip_network(p) for p in pods):
+            raise DeclarationError(
+                f"{where}: gatewayIP {gateway_ip} is not inside podCIDRs {', '.join(pods)}"
+            )
+    port_text = str(data.get("endpointPort") or DEFAULT_PORT)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536 - MAX_SLOTS:
+        raise DeclarationError(f"{where}: endpointPort {port_text!r} is not a UDP port")
+    mtu_text = str(data.get("mtu") or "")
+    if mtu_text and (not mtu_text.isdigit() or not 1280 <= int(mtu_text) <= 9000):
+        raise DeclarationError(f"{where}: mtu {mtu_text!r} is not a number between 1280 and 9000")
+    return Declaration(
+        mtu=int(mtu_text) if mtu_text else None,
+        pod_cidrs=pods,
+        service_cidrs=services,
+        gateway_netns=data.get("gatewayNetns") or None,
+        gateway_ip=gateway_ip,
+        endpoint_address=data.get("endpointAddress") or None,
+        endpoint_port=int(port_text),
+    )
