@@ -1,5 +1,10 @@
 """python -m vk: run one virtual kubelet. Settings come from flags (and GPUFERRY_* variables for
-client, queue and watch tuning), read once here."""
+client, queue, watch and probe tuning), read once here.
+
+Exit status: 0 the VirtualNode was deleted (its node removed), 2 the VirtualNode cannot be run,
+75 it changed (start again), 1 an error, 128+N stopped by signal N (143: SIGTERM, 130: SIGINT)
+after a graceful stop.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
+from kube.api import VirtualKubeletExit
+from kube.entrypoints import add_runtime_arguments, probe_settings
 from kube.errors import KubeError
 from kube.kubeconfigs import ConfigError
 from kube.logs import setup_logging
@@ -78,8 +85,11 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         action="store_true",
         help="approve the kubelet API's serving-certificate CSR with our own identity (local clusters only)",
     )
-    p.add_argument("--metrics-port", type=int, default=0, help="serve /metrics on 127.0.0.1:PORT")
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="the probe port's older name: serve /metrics (with /healthz and /readyz) on "
+                        "this port; wins over --probe-port when set")  # fmt: skip
+    add_runtime_arguments(p)
     args = p.parse_args(argv)
     if args.virtual_node:
         namespace, sep, name = args.virtual_node.partition("/")
@@ -104,6 +114,7 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         kubelet_api=args.kubelet_api,
         kubelet_port=args.kubelet_port,
         kubelet_csr_self_approve=args.kubelet_csr_self_approve,
+        probes=probe_settings(args),
         metrics_port=args.metrics_port,
         workers=args.workers,
         consumer_client=ClientSettings.from_env(),
@@ -113,10 +124,6 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
     )
 
 
-EXIT_CHANGED = 75
-"""Exit status when the VirtualNode changed: "run me again" (EX_TEMPFAIL) for the supervisor."""
-
-
 def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(LoggingSettings.from_env())
@@ -124,24 +131,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if settings.virtual_node:
             namespace, _, name = settings.virtual_node.partition("/")
-            asyncio.run(run_virtual_node(namespace, name, settings))
+            stopped_by = asyncio.run(run_virtual_node(namespace, name, settings, handle_signals=True))
         else:
-            asyncio.run(run(settings))
+            stopped_by = asyncio.run(run(settings, handle_signals=True))
     except VirtualNodeGone as exc:
         log.info("%s", exc)
-        return 0
+        return VirtualKubeletExit.GONE
     except VirtualNodeChanged as exc:
         log.info("%s", exc)
-        return EXIT_CHANGED
+        return VirtualKubeletExit.CHANGED
     except VirtualNodeError as exc:
         log.error("cannot run: %s", exc)
-        return 2
+        return VirtualKubeletExit.INVALID
     except (ConfigError, KubeError) as exc:
         log.error("stopped: %s", exc)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    if stopped_by is None:
+        log.error("stopped: a root task ended")
+        return 1
+    log.info("stopped")
+    return 128 + stopped_by
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kube.settings import ClientSettings, QueueSettings, WatchSettings
+from kube import api
+from kube.api import SYSTEM_NAMESPACE
+from kube.settings import ClientSettings, ProbeSettings, QueueSettings, WatchSettings
 
 from .forge.names import NamespaceStrategy, node_name
 
@@ -41,10 +43,11 @@ class VirtualKubeletSettings:
     tenant_namespace: str = ""
     """With a scoped identity: the consumer's tenant namespace on the provider. Twin namespaces
     then come from its NamespaceOffloading requests and capacity from the GPUSlice there;
-    empty: an admin identity (tests, development) watches provider Nodes and Pods directly."""
+    empty: an admin identity (tests, development) watches provider Nodes and Pods directly.
+    Read once, where :func:`vk.remote.remote_side` picks the one or the other."""
     slice_name: str = ""
     """The GPUSlice (in ``tenant_namespace``) whose per-node grant is the room pods fit into."""
-    peer_network_namespace: str = "gpuferry-system"
+    peer_network_namespace: str = SYSTEM_NAMESPACE
     """Where the consumer's PeerNetwork for this provider lives (its remapped pod CIDRs)."""
     service_account_tokens: bool = True
     """Give twins their consumer pod's service-account token (TokenRequest on the consumer,
@@ -79,12 +82,26 @@ class VirtualKubeletSettings:
     provider_client: ClientSettings = field(default_factory=ClientSettings)
     watch: WatchSettings = field(default_factory=WatchSettings)
     queue: QueueSettings = field(default_factory=QueueSettings)
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
+    """Where ``/healthz``, ``/readyz`` and ``/metrics`` are served (no credentials)."""
     metrics_port: int = 0
-    """Port of the /metrics endpoint; 0 disables it."""
+    """The older name of the probe port: when set, ``/metrics`` (with ``/healthz`` and
+    ``/readyz``) is served on it, on ``probes.bind_address``; 0: ``probes.port`` decides."""
 
     @property
     def effective_node_name(self) -> str:
         return self.node_name or node_name(self.provider_cluster_id)
+
+    @property
+    def probe_settings(self) -> ProbeSettings:
+        """``probes``, on ``metrics_port`` when that is set."""
+        return replace(self.probes, port=self.metrics_port) if self.metrics_port else self.probes
+
+    @property
+    def provider_peer_network_namespace(self) -> str:
+        """Where the provider's PeerNetwork for this consumer lives: the tenant namespace (by its
+        naming rule when none is set)."""
+        return self.tenant_namespace or api.tenant_namespace(self.consumer_cluster_id)
 
 
 class VirtualNodeError(ValueError):

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from hack.localcluster import LocalCluster
+from kube.api import VirtualKubeletExit
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SECRETS, RawObject
 from peering.crds import ensure_crds
-from vk.__main__ import EXIT_CHANGED
 from vk.app import VIRTUALNODES
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 
@@ -114,7 +114,7 @@ async def test_a_virtual_node_object_drives_the_virtual_kubelet(
         await consumer_client.patch(
             VIRTUALNODES, provider_id, {"spec": {"resources": {"nvidia.com/gpu": 16}}}, system
         )
-        assert await wait_exit(proc, 30) == EXIT_CHANGED
+        assert await wait_exit(proc, 30) == VirtualKubeletExit.CHANGED
 
         proc = await asyncio.create_subprocess_exec(*args, stdout=log, stderr=subprocess.STDOUT)
         await wait_for(consumer_client, NODES, node,

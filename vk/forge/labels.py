@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from kube import api
+
 __all__ = [
     "HOSTNAME_LABEL",
     "LABEL_VALUE_MAX",
@@ -63,11 +65,11 @@ REFLECTED_ANNOTATIONS = f"{PREFIX}reflected-annotations"
 
 PROVIDER_LABEL = f"{PREFIX}provider"
 """Virtual node label: the provider cluster ID."""
-NODE_TYPE_LABEL = "type"
-NODE_TYPE_VALUE = "virtual-kubelet"
+NODE_TYPE_LABEL = api.NODE_TYPE_LABEL
+NODE_TYPE_VALUE = api.NODE_TYPE_VIRTUAL_KUBELET
 NODE_ROLE_LABEL = "kubernetes.io/role"
 NODE_ROLE_VALUE = "agent"
-VIRTUAL_NODE_TAINT_KEY = "virtual-node.gpuferry.io/not-allowed"
+VIRTUAL_NODE_TAINT_KEY = api.VIRTUAL_NODE_TAINT_KEY
 """Taint (``=true:NoExecute``) on the virtual node; pods opt in with a matching toleration."""
 
 LABEL_VALUE_MAX = 63

@@ -33,6 +33,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from kube import api
+from kube.api import GPU_RESOURCE
 from kube.quantities import format_quantity, parse_quantity, parse_resource_list
 
 from .labels import PREFIX, VIRTUAL_NODE_TAINT_KEY, virtual_node_identity
@@ -61,7 +63,7 @@ __all__ = [
     "virtual_node",
 ]
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 LARGEST_GPU_BLOCK_LABEL = f"{PREFIX}largest-gpu-block"
 """Node label: GPUs free now on the best single provider node (what one pod can get now)."""
@@ -94,7 +96,7 @@ _STEADY: tuple[tuple[str, str, str], ...] = (
     ("NetworkUnavailable", "ProviderNetwork", "pods use the provider cluster's network"),
 )
 PROVIDER_REACHABLE = "ProviderReachable"
-NETWORK_READY = "NetworkReady"
+NETWORK_READY = api.NETWORK_READY
 
 
 class Condition(NamedTuple):

@@ -30,13 +30,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from kube.api import KUBELET_SERVING_SIGNER
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import CONFIGMAPS, CSRS, RawObject
 
 logger = logging.getLogger(__name__)
 
-SIGNER = "kubernetes.io/kubelet-serving"
+SIGNER = KUBELET_SERVING_SIGNER
 USAGES = ("digital signature", "server auth")
 RENEW_AT = 0.8
 """Fraction of the certificate's lifetime after which it is renewed."""

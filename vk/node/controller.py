@@ -1,22 +1,24 @@
 """The virtual node: registration, heartbeat, status, and what one provider node can take.
 
-:class:`NodeController` runs five named loops under :func:`kube.tasks.run_supervised`:
+:class:`NodeController` has three named loops (:meth:`NodeController.tasks`, run by the virtual
+kubelet's :class:`kube.manager.Manager`) and a :class:`~vk.node.provider.ProviderView` of what
+the provider can place, from which the GPU labels and the largest free block per resource
+follow. What keeps that view current depends on the identity held (:mod:`vk.remote`); run on
+its own (:meth:`NodeController.run`), the controller watches the provider's Nodes and Pods.
 
-``node_watch_provider_nodes`` / ``node_watch_provider_pods``
-    a :class:`~vk.node.provider.ProviderView` of the provider's nodes and bound pods, from which
-    the GPU labels and the largest free block per resource follow;
-``node_probe_provider``
+``node-probe-provider``
     ``GET /readyz`` on the provider API server every ``provider_probe_seconds``;
-``node_status``
+``node-status``
     registers the Node (creates it, or adopts one of the same name left by an earlier run:
     labels, taint and status are brought to what they must be, labels of others are kept),
     then patches it when something it shows changed (at most once per
     :data:`MIN_UPDATE_INTERVAL`), and at least every ``status_seconds`` (a heartbeat of the
     conditions);
-``node_lease``
+``node-lease``
     renews ``kube-node-lease/<node>`` every ``heartbeat_seconds``.
 
-No loop dies on an API error: each is logged with the object and retried with backoff.
+No loop dies on an API error: each is logged with the object and retried with backoff
+(:class:`kube.backoff.Backoff`).
 
 Provider outage: Ready=False, the Lease kept alive
     When the provider's /readyz fails (:data:`PROBE_FAILURES` times in a row once it has
@@ -49,14 +51,15 @@ from typing import Any
 
 import orjson
 
+from kube.backoff import Backoff
 from kube.clients import KubeClient
 from kube.errors import Conflict, KubeError, NotFound
 from kube.logs import object_logger
+from kube.manager import Manager
 from kube.metrics import gauge
-from kube.objects import GPUSLICES, NODES, RawObject
+from kube.objects import NODES, RawObject
 from kube.quantities import ResourceList, parse_quantity, parse_resource_list
-from kube.tasks import run_supervised
-from kube.watching import Listed, watch_objects
+from kube.settings import ProbeSettings
 
 from ..forge.fit import FitResult
 from ..forge.node import (
@@ -106,8 +109,9 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _backoff(failures: int, cap: float = MAX_BACKOFF) -> float:
-    return float(min(0.5 * 2 ** max(failures - 1, 0), cap))
+def _retry_backoff() -> Backoff:
+    """The backoff of a node loop's failed API calls: 0.5 s, doubled, at most 30 s."""
+    return Backoff(base=0.5, cap=MAX_BACKOFF)
 
 
 class NodeController:
@@ -123,7 +127,6 @@ class NodeController:
         consumer: KubeClient,
         provider: KubeClient,
         settings: VirtualKubeletSettings,
-        twins_synced: asyncio.Event | None = None,
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -149,7 +152,6 @@ class NodeController:
         self._probe_failures = 0
         self._dirty = asyncio.Event()
         self._capacity_listeners: list[Callable[[], None]] = []
-        self._twins_synced = twins_synced
         self._last_update = -MIN_UPDATE_INTERVAL
         self._last_heartbeat = 0.0
         self._version = KUBELET_VERSION
@@ -180,41 +182,22 @@ class NodeController:
 
     # ---- run -----------------------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Run until cancelled (the loops do not end on their own)."""
-        roots: dict[str, Coroutine[Any, Any, None]] = {
-            "node_probe_provider": self._probe_loop(),
-            "node_status": self._status_loop(),
-            "node_lease": self._lease_loop(),
+    def tasks(self) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+        """The node's loops, by name, for a manager to run (none ends on its own)."""
+        return {
+            "node-probe-provider": self._probe_loop,
+            "node-status": self._status_loop,
+            "node-lease": self._lease_loop,
         }
-        if self.settings.tenant_namespace:
-            # scoped identity: our grant per node, and our twins (fed by the twin caches)
-            roots["node_watch_grant"] = self._watch_grant()
-            roots["node_wait_twins"] = self._wait_twins()
-        else:
-            roots["node_watch_provider_nodes"] = self.view.watch_nodes()
-            roots["node_watch_provider_pods"] = self.view.watch_pods()
-        await run_supervised(roots, logger=logger)
 
-    async def _watch_grant(self) -> None:
-        ns, name = self.settings.tenant_namespace, self.settings.slice_name
-        async for item in watch_objects(self.provider, GPUSLICES, namespace=ns,
-                                        field_selector=f"metadata.name={name}",
-                                        settings=self.settings.watch, retry_permanent=True):  # fmt: skip
-            if isinstance(item, Listed):
-                if not item.keys:
-                    self.view.set_granted_nodes(None)
-            elif item.type == "DELETED":
-                self.view.set_granted_nodes(None)
-            else:
-                self.view.set_granted_nodes(item.object)
-
-    async def _wait_twins(self) -> None:
-        if self._twins_synced is not None:
-            await self._twins_synced.wait()
-        self.view.pods_synced.set()
-        self._mark_dirty()
-        await asyncio.Event().wait()  # a root task: it must not end
+    async def run(self) -> None:
+        """Run the loops on their own until cancelled, the view fed by watching the provider's
+        Nodes and Pods (an identity that may list them)."""
+        manager = Manager(f"node {self.node_name}", probes_settings=ProbeSettings(port=-1))
+        for name, factory in {**self.tasks(), "watch-provider-nodes": self.view.watch_nodes,
+                              "watch-provider-pods": self.view.watch_pods}.items():  # fmt: skip
+            manager.add_task(name, factory)
+        await manager.run(handle_signals=False)
 
     def on_capacity_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
@@ -367,16 +350,17 @@ class NodeController:
                     await self.view.nodes_synced.wait()
                     await self.view.pods_synced.wait()
         await self._consumer_version()
-        failures = 0
+        backoff = _retry_backoff()
         while True:
             self._dirty.clear()
             heartbeat = time.monotonic() - self._last_heartbeat >= self.settings.status_seconds
             try:
                 await self.sync(heartbeat=heartbeat)
-                failures = 0
+                backoff.reset()
             except KubeError as exc:
-                failures += 1
-                delay = 0.2 if isinstance(exc, Conflict) and failures < 5 else _backoff(failures)
+                delay = backoff.next()
+                if isinstance(exc, Conflict) and backoff.failures < 5:
+                    delay = 0.2  # a write raced ours: read again and retry soon
                 self.log.warning("update failed (%s); retrying in %.1fs", exc, delay)
                 self._dirty.set()
                 await asyncio.sleep(delay)
@@ -392,16 +376,15 @@ class NodeController:
 
     async def _lease_loop(self) -> None:
         await self.registered.wait()
-        failures = 0
+        backoff = _retry_backoff()
         while True:
             node = self.node or {}
             uid = str((node.get("metadata") or {}).get("uid") or "")
             try:
                 await renew_lease(self.consumer, self.node_name, uid)
-                failures = 0
+                backoff.reset()
                 delay = self.settings.heartbeat_seconds
             except KubeError as exc:
-                failures += 1
-                delay = min(_backoff(failures), self.settings.heartbeat_seconds)
+                delay = min(backoff.next(), self.settings.heartbeat_seconds)
                 self.log.warning("lease renewal failed (%s); retrying in %.1fs", exc, delay)
             await asyncio.sleep(delay)

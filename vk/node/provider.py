@@ -223,6 +223,12 @@ class ProviderView:
         for node in nodes.values():
             self.handle_node(WatchEvent("MODIFIED", node))
 
+    def mark_pods_synced(self) -> None:
+        """The pods fed through :meth:`handle_pod_in` (every namespace we have pods in) were
+        all listed: what fits where is known."""
+        self.pods_synced.set()
+        self._changed()
+
     def handle_pod_in(self, namespace: str, item: WatchEvent | Listed) -> None:
         """:meth:`handle_pod` for a watch of one namespace (a relist there forgets only its pods)."""
         if isinstance(item, Listed):

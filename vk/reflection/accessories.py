@@ -7,30 +7,30 @@ copy (only copies gpuferry made: an object of the same name made on the provider
 is reported, never touched).
 
 What wakes a key up: a change of a consumer pod on the node (the names it references, before and
-after), a change of the consumer object (one watch per namespace that has pods on the node), and
-the periodic resync. Before a twin is created, the pod reflector calls :meth:`ensure_for`, so
-that the copies exist before the provider's kubelet looks for them.
+after), a change of the consumer object (one informer per namespace that has pods on the node,
+held by :meth:`AccessoryReflector.run`), and the periodic resync. Before a twin is created,
+the pod reflector calls :meth:`ensure_for`, so that the copies exist before the provider's
+kubelet looks for them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, NotFound
+from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
 from kube.objects import CONFIGMAPS, SECRETS, ObjectKey, RawObject, Resource
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
-from kube.settings import WatchSettings
-from kube.watching import Listed, watch_objects
+from kube.settings import QueueSettings, WatchSettings
 
 from ..forge.accessories import Kind, copy_differs, is_copyable, references, remote_copy
 from ..forge.labels import origin_of
-from .caches import PodCache
+from .namespaced import NamespaceTasks
 
 __all__ = ["AccessoryReflector"]
 
@@ -51,10 +51,11 @@ class AccessoryReflector:
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: PodCache,
+        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         consumer_id: str,
         settings: WatchSettings | None = None,
+        queue_settings: QueueSettings | None = None,
     ) -> None:
         self.kind = kind
         self.resource = _RESOURCES[kind]
@@ -64,10 +65,9 @@ class AccessoryReflector:
         self.twin_namespace_for = twin_namespace_for
         self.consumer_id = consumer_id
         self.settings = settings or WatchSettings()
-        self.queue: KeyedQueue[ObjectKey] = KeyedQueue(f"sync_{kind}_to_remote")
-        self._objects: dict[ObjectKey, RawObject] = {}
-        self._watched: dict[str, asyncio.Task[None]] = {}
-        self._synced: dict[str, asyncio.Event] = {}
+        self.queue: KeyedQueue[ObjectKey] = KeyedQueue(f"sync_{kind}_to_remote", settings=queue_settings)
+        self._sources: dict[str, Informer] = {}  # consumer namespace -> its objects of this kind
+        self._watches = NamespaceTasks(f"watch-consumer-{kind}")
         self._refs: dict[ObjectKey, set[str]] = {}  # pod key -> names it referenced last time
         self._copies: set[ObjectKey] = set()  # consumer keys we believe have a copy
 
@@ -93,28 +93,17 @@ class AccessoryReflector:
             self.queue.add(key)
 
     def _watch_namespace(self, namespace: str) -> None:
-        if namespace in self._watched:
+        if namespace in self._sources:
             return
-        self._synced[namespace] = asyncio.Event()
-        self._watched[namespace] = asyncio.create_task(
-            self._watch(namespace), name=f"watch_consumer_{self.kind} {namespace}"
-        )
+        informer = Informer(self.consumer, self.resource, name=f"consumer-{self.kind}-{namespace}",
+                            namespace=namespace, settings=self.settings, retry_permanent=True)  # fmt: skip
+        informer.add_handler(lambda change: self._wake(change.key))
+        self._sources[namespace] = informer
+        self._watches.start(namespace, informer.run)
 
-    async def _watch(self, namespace: str) -> None:
-        async for item in watch_objects(
-            self.consumer, self.resource, namespace=namespace, settings=self.settings, retry_permanent=True
-        ):
-            if isinstance(item, Listed):
-                for key in [k for k in self._objects if k.namespace == namespace and k not in item.keys]:
-                    del self._objects[key]
-                    self._wake(key)
-                self._synced[namespace].set()
-                continue
-            if item.type == "DELETED":
-                self._objects.pop(item.key, None)
-            else:
-                self._objects[item.key] = item.object
-            self._wake(item.key)
+    async def run(self) -> None:
+        """Hold the per-namespace informers until cancelled."""
+        await self._watches.run()
 
     def _wake(self, key: ObjectKey) -> None:
         if key in self._copies or self._referenced(key):
@@ -123,19 +112,13 @@ class AccessoryReflector:
     def _referenced(self, key: ObjectKey) -> bool:
         return any(k.namespace == key.namespace and key.name in names for k, names in self._refs.items())
 
-    async def stop(self) -> None:
-        for task in self._watched.values():
-            task.cancel()
-        await asyncio.gather(*self._watched.values(), return_exceptions=True)
-        self.queue.shutdown()
-
     # ---- reconciling ---------------------------------------------------------------------------
 
     async def _source(self, key: ObjectKey) -> RawObject | None:
         namespace = key.namespace or ""
-        synced = self._synced.get(namespace)
-        if synced is not None and synced.is_set():
-            return self._objects.get(key)
+        informer = self._sources.get(namespace)
+        if informer is not None and informer.synced.is_set():
+            return informer.get(key)
         try:  # its namespace's watch has not listed yet: ask
             return await self.consumer.get(self.resource, key.name, namespace)
         except NotFound:

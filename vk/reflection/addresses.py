@@ -17,19 +17,24 @@ import logging
 from collections.abc import Callable
 
 from kube.clients import KubeClient
-from kube.objects import PEERNETWORKS, ObjectKey, RawObject
+from kube.informers import Informer
+from kube.objects import PEERNETWORKS, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, watch_objects
 
 from ..forge.addresses import identity, remapper
+from .informers import after_each_item
 
 __all__ = ["PEERNETWORKS", "PeerNetworkFollower"]
 
 logger = logging.getLogger(__name__)
 
 
-
 class PeerNetworkFollower:
+    """One peer's PeerNetwork in one namespace, turned into address views (see the module
+    docstring). Its informer is retried while the CRD is not installed (addresses stay as they
+    are meanwhile), so it is run as a task of its own, not among the informers readiness waits
+    for."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -47,12 +52,14 @@ class PeerNetworkFollower:
         self.on_object = on_object
         """Called with the PeerNetwork (None: none) on every change of it, status included."""
         self.settings = settings or WatchSettings()
-        self._objects: dict[ObjectKey, RawObject] = {}
+        self.informer = Informer(client, PEERNETWORKS, name=f"peernetworks-{namespace}", namespace=namespace,
+                                 settings=self.settings, retry_permanent=True)  # fmt: skip
+        after_each_item(self.informer, self._apply)
         self._current: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
     def _apply(self) -> None:
         ours = [
-            o for o in self._objects.values() if (o.get("spec") or {}).get("clusterID") == self.provider_id
+            o for o in self.informer.values() if (o.get("spec") or {}).get("clusterID") == self.provider_id
         ]
         if self.on_object is not None:
             self.on_object(ours[0] if ours else None)
@@ -76,15 +83,4 @@ class PeerNetworkFollower:
         return remapper(remapped, pods) if pods else identity
 
     async def run(self) -> None:
-        # retried while the CRD is not installed: addresses stay as they are meanwhile
-        async for item in watch_objects(
-            self.client, PEERNETWORKS, namespace=self.namespace, settings=self.settings, retry_permanent=True
-        ):
-            if isinstance(item, Listed):
-                for key in [k for k in self._objects if k not in item.keys]:
-                    del self._objects[key]
-            elif item.type == "DELETED":
-                self._objects.pop(item.key, None)
-            else:
-                self._objects[item.key] = item.object
-            self._apply()
+        await self.informer.run()

@@ -1,6 +1,7 @@
 """Provider Events about twins, reported on the consumer pods (deduplicated).
 
-One watch per twin namespace that holds twins of pods on this node (started as pods appear).
+One watch per twin namespace that holds twins of pods on this node (started as pods appear,
+held by :meth:`EventReflector.run`).
 Each provider Event about a twin pod becomes one consumer Event about the consumer pod, named
 after the provider Event's UID, so that a repeat (the provider bumping ``count``) updates the
 same consumer Event instead of adding one, and a relist or a restart adds nothing twice.
@@ -10,19 +11,19 @@ scheduler: ``Successfully assigned … to gpu-h100-2``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, KubeError, NotFound
+from kube.informers import Informer
 from kube.metrics import counter
 from kube.objects import EVENTS, ObjectKey, RawObject
 from kube.settings import WatchSettings
 from kube.watching import Listed, watch_objects
 
-from .caches import PodCache
+from .namespaced import NamespaceTasks
 
 __all__ = ["EventReflector", "consumer_event"]
 
@@ -70,12 +71,14 @@ def consumer_event(event: RawObject, pod: RawObject, node: str) -> dict[str, Any
 
 
 class EventReflector:
+    """Provider Events about twins, onto their consumer pods (see the module docstring)."""
+
     def __init__(
         self,
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: PodCache,
+        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         node: str,
         settings: WatchSettings | None = None,
@@ -87,21 +90,20 @@ class EventReflector:
         self.node = node
         self.settings = settings or WatchSettings()
         self._origin: dict[str, str] = {}  # twin namespace -> consumer namespace
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._watches = NamespaceTasks("watch-provider-events")
         self._written: dict[str, int] = {}  # provider event uid -> count written
 
     def pod_changed(self, key: ObjectKey) -> None:
         namespace = key.namespace or ""
         twin = self.twin_namespace_for(namespace)
-        if twin is None or twin in self._tasks:
+        if twin is None or twin in self._watches:
             return
         self._origin[twin] = namespace
-        self._tasks[twin] = asyncio.create_task(self._watch(twin), name=f"watch_provider_events {twin}")
+        self._watches.start(twin, lambda: self._watch(twin))
 
-    async def stop(self) -> None:
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+    async def run(self) -> None:
+        """Hold the per-namespace watches until cancelled."""
+        await self._watches.run()
 
     async def _watch(self, twin_ns: str) -> None:
         async for item in watch_objects(

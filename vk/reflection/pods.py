@@ -1,59 +1,52 @@
-"""Pods out, status back: one reconciler for every pod bound to the virtual node.
+"""Pods out: one reconciler for every pod bound to the virtual node, in ``sync_pods_to_remote``.
 
-``reconcile(key)`` reads the consumer pod and its provider twin from the watched caches and does
+``reconcile(key)`` reads the consumer pod and its provider twin from the informers and does
 the one thing the pair needs, in this order:
 
 1. consumer pod gone → delete the twin (UID precondition) — this also collects orphans;
-2. consumer pod terminating → delete the twin with the same grace period; when the twin is
+2. the twins of the pod's namespace not listed yet → look again shortly (a twin not seen is not
+   yet a twin missing);
+3. consumer pod terminating → delete the twin with the same grace period; when the twin is
    gone, remove the consumer pod (``gracePeriodSeconds=0``, as a kubelet does);
-3. no twin → if it ran before, the twin was deleted behind our back: the pod is Failed with
-   reason ``ProviderPodDeleted`` (a controller replaces it); otherwise, if the pod fits on one
-   provider node, create the twin (and its namespace), else keep it Pending with a clear
-   reason and an Event, and look again later (the gate: "fit, not sum");
-4. twin of an older pod with the same name → delete it, then start over;
-5. otherwise → patch the twin with what may change on a running pod, and the consumer status
-   with the twin's.
+4. no twin → if it ran before, the twin was deleted behind our back: the pod is Failed with
+   reason ``ProviderPodDeleted`` (a controller replaces it); otherwise, if its namespace is
+   offloaded and the pod fits on one provider node, create the twin (after its namespace and
+   the copies it mounts), else keep it Pending with a clear reason and an Event, and look again
+   later (the gate: "fit, not sum");
+5. twin of an older pod with the same name → delete it, then start over;
+6. otherwise → patch the twin with what may change on a running pod.
 
-All state lives in the two API servers: a restart rebuilds the caches and converges.
+The twin's status comes back through its own queue (:mod:`vk.reflection.podstatus`). Where twins
+go and how they are seen is the :class:`vk.remote.RemoteSide`'s. All state lives in the two API
+servers: a restart rebuilds the informers and converges.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, Forbidden, NotFound
+from kube.informers import Informer
 from kube.logs import object_logger
-from kube.metrics import counter, gauge, histogram
-from kube.objects import EVENTS, NAMESPACES, PODS, ObjectKey, RawObject
+from kube.metrics import counter
+from kube.objects import EVENTS, PODS, ObjectKey, RawObject
 from kube.quantities import ResourceList, add, format_resource_list
 from kube.reconciling import Requeue
 
 from ..forge.fit import FitResult, placement_request
-from ..forge.labels import ORIGIN_NAMESPACE, origin_of, ownership_labels
-from ..forge.names import twin_namespace
+from ..forge.labels import origin_of
 from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
-from ..forge.podstatus import local_status, status_patch
-from .caches import PodCache
-from .twins import TwinNamespaces
+from ..remote import RemoteSide
+from .podstatus import observe_since
 
 logger = logging.getLogger(__name__)
 
 TWINS_CREATED = counter("vk_twins_created", "Twin pods created on the provider.")
 TWINS_DELETED = counter("vk_twins_deleted", "Twin pods deleted on the provider.", ["why"])
-OFFLOAD_LATENCY = histogram(
-    "vk_offload_seconds",
-    "Seconds from the consumer pod's creation to its twin being created (stage twin_created) and "
-    "to the consumer pod being reported Running (stage running).",
-    ["stage"],
-    buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
-)
-PODS_BY_PHASE = gauge("vk_pods", "Consumer pods bound to the virtual node, by phase.", ["side", "phase"])
 
 GATE_RETRY_SECONDS = 30.0
 """Backstop for gated pods: they are looked at again as soon as provider capacity changes
@@ -63,6 +56,8 @@ REASON_NO_FIT = "ProviderCapacity"
 REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 REASON_QUOTA = "ProviderQuotaExceeded"
 QUOTA_RETRY_SECONDS = 5.0
+LISTING_RETRY_SECONDS = 0.5
+"""How soon a pod whose namespace's twins are not listed yet is looked at again."""
 
 
 class Prerequisite(Protocol):
@@ -78,20 +73,17 @@ class FitOracle(Protocol):
 
 
 class PodReflector:
-    """The reconciler of pods bound to one virtual node (see the module docstring)."""
+    """The reconciler of ``sync_pods_to_remote`` (see the module docstring)."""
 
     def __init__(
         self,
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        local: PodCache,
-        remote: PodCache | TwinNamespaces,
+        local: Informer,
+        remote: RemoteSide,
         opts: ForgeOptions,
-        node_address: str,
         fit: FitOracle | None = None,
-        remap_ip: Callable[[str], str] = lambda ip: ip,
-        twins: TwinNamespaces | None = None,
         accessories: Sequence[Prerequisite] = (),
     ) -> None:
         self.consumer = consumer
@@ -99,14 +91,9 @@ class PodReflector:
         self.local = local
         self.remote = remote
         self.opts = opts
-        self.node_address = node_address
         self.fitter = fit
-        self.remap_ip = remap_ip
-        self.twins = twins
         self.accessories = list(accessories)
-        """ConfigMaps and Secrets the twin needs are copied before it is created."""
-        """Set with a scoped identity: the provider makes twin namespaces, we only use them."""
-        self._namespaces: set[str] = set()
+        """ConfigMaps, Secrets and tokens the twin needs are written before it is created."""
         self._events_sent: set[tuple[str, str]] = set()
         self._gated: set[ObjectKey] = set()
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
@@ -126,6 +113,8 @@ class PodReflector:
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
             return None
+        if remote is None and not self.remote.knows(key):
+            return Requeue(LISTING_RETRY_SECONDS)
         if local["metadata"].get("deletionTimestamp"):
             return await self._terminate(local, remote, log)
         if remote is None:
@@ -184,26 +173,22 @@ class PodReflector:
             await self._report_deleted_twin(local, log)
             return None
         origin_ns = local["metadata"]["namespace"]
-        if self.twins is not None:
-            if self.twins.twin_namespace_for(origin_ns) is None:
-                message = (
-                    f"namespace {origin_ns} is not offloaded to provider {self.opts.provider_cluster_id} "
-                    f"(gpuferry offload namespace {origin_ns})"
-                )
-                await self._hold(local, REASON_NOT_OFFLOADED, message, log)
-                self._gated.add(key)
-                return Requeue(GATE_RETRY_SECONDS)
-            if not self.twins.namespace_synced(origin_ns):
-                return Requeue(0.5)  # its twins are not listed yet: creating now could duplicate one
+        twin_ns = self.remote.twin_namespace_for(origin_ns)
+        if twin_ns is None:
+            message = (
+                f"namespace {origin_ns} is not offloaded to provider {self.opts.provider_cluster_id} "
+                f"(gpuferry offload namespace {origin_ns})"
+            )
+            await self._hold(local, REASON_NOT_OFFLOADED, message, log)
+            self._gated.add(key)
+            return Requeue(GATE_RETRY_SECONDS)
         if self.fitter is not None and (result := self.fitter.fit(local)) is not None and not result.ok:
             await self._gate(local, result, log)
             self._gated.add(key)
             return Requeue(GATE_RETRY_SECONDS)
         twin = remote_pod(local, self.opts)
-        if self.twins is not None:
-            twin["metadata"]["namespace"] = self.twins.twin_namespace_for(origin_ns)
-        else:
-            await self._ensure_namespace(origin_ns)
+        twin["metadata"]["namespace"] = twin_ns
+        await self.remote.prepare_namespace(origin_ns)
         for accessory in self.accessories:  # what the twin mounts exists before the twin
             await accessory.ensure_for(local)
         try:
@@ -221,38 +206,19 @@ class PodReflector:
             await self._report_demand(origin_ns)
             return Requeue(QUOTA_RETRY_SECONDS)
         TWINS_CREATED.inc()
-        _observe_since(local, "twin_created")
+        observe_since(local, "twin_created")
         if self._quota_waiting.pop(key, None) is not None:
             await self._report_demand(origin_ns)
         log.info("twin created in %s", twin["metadata"]["namespace"])
         return None
-
-    async def _ensure_namespace(self, namespace: str) -> None:
-        name = twin_namespace(namespace, self.opts.consumer_cluster_id, strategy=self.opts.namespace_strategy)
-        if name in self._namespaces:
-            return
-        body: RawObject = {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": ownership_labels(self.opts.consumer_cluster_id),
-                "annotations": {ORIGIN_NAMESPACE: namespace},
-            },
-        }
-        with contextlib.suppress(AlreadyExists):
-            await self.provider.create(NAMESPACES, body)
-        self._namespaces.add(name)
 
     async def _gate(self, local: RawObject, result: FitResult, log: Any) -> None:
         message = f"waiting for a provider node with room: {result.message}"
         await self._hold(local, REASON_NO_FIT, message, log)
 
     async def _report_demand(self, origin_ns: str) -> None:
-        if self.twins is None:
-            return
         waiting = [r for k, r in self._quota_waiting.items() if k.namespace == origin_ns]
-        await self.twins.report_demand(origin_ns, format_resource_list(add(*waiting)) if waiting else {})
+        await self.remote.report_demand(origin_ns, format_resource_list(add(*waiting)) if waiting else {})
 
     async def _hold(self, local: RawObject, reason: str, message: str, log: Any) -> None:
         """Keep the pod Pending with ``reason`` and ``message`` (and one Event) until it can go."""
@@ -289,7 +255,7 @@ class PodReflector:
         await self._event(local, "Warning", REASON_DELETED, message)
         log.warning("%s", message)
 
-    # ---- updates and status --------------------------------------------------------------------
+    # ---- updates -------------------------------------------------------------------------------
 
     async def _update(self, local: RawObject, remote: RawObject, log: Any) -> None:
         spec_patch = remote_pod_update(local, remote, self.opts)
@@ -297,17 +263,6 @@ class PodReflector:
             meta = remote["metadata"]
             await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"])
             log.info("twin updated: %s", sorted(spec_patch))
-        new_status = local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=local)
-        patch = status_patch(local.get("status") or {}, new_status)
-        if patch is None:
-            return
-        meta = local["metadata"]
-        await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
-        old_phase = (local.get("status") or {}).get("phase")
-        if new_status.get("phase") == "Running" and old_phase != "Running":
-            _observe_since(local, "running")
-        if new_status.get("phase") != old_phase:
-            log.info("phase %s -> %s", old_phase, new_status.get("phase"))
 
     async def _event(self, local: RawObject, type_: str, reason: str, message: str) -> None:
         meta = local["metadata"]
@@ -339,25 +294,5 @@ class PodReflector:
         self._events_sent.add((meta["uid"], reason))
 
 
-def refresh_phase_gauge(local: PodCache, remote: PodCache | TwinNamespaces) -> None:
-    """Set ``vk_pods{side,phase}`` from the caches (called before each /metrics scrape)."""
-    PODS_BY_PHASE.clear()
-    for side, cache in (("consumer", local), ("provider", remote)):
-        for phase, count in cache.phases().items():
-            PODS_BY_PHASE.labels(side, phase).set(count)
-
-
-def _observe_since(local: RawObject, stage: str) -> None:
-    created = _parse_time(local["metadata"].get("creationTimestamp"))
-    if created is not None:
-        OFFLOAD_LATENCY.labels(stage).observe(max(0.0, time.time() - created))
-
-
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()

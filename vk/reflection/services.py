@@ -6,9 +6,10 @@ Services; ``reconcile`` brings the copy in the twin namespace (and its one Endpo
 pods on this virtual node (their twins are the ones resolving them); the copies go with the last
 pod. Only copies gpuferry made are touched.
 
-What wakes a key up: a change of the consumer Service or of one of its EndpointSlices (one watch
-of each per namespace in use), a consumer pod on the node appearing or going (every Service of
-its namespace), a new view from the network fabric (every Service), and the periodic resync.
+What wakes a key up: a change of the consumer Service or of one of its EndpointSlices (one
+informer of each per namespace in use, held by :meth:`ServiceReflector.run`), a consumer pod on
+the node appearing or going (every Service of its namespace), a new view from the network fabric
+(every Service), and the periodic resync.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from collections.abc import Callable, Iterable
 
 from kube.clients import KubeClient
 from kube.errors import Conflict, NotFound
+from kube.informers import Informer
 from kube.logs import ObjectLogger, object_logger
 from kube.metrics import counter
 from kube.objects import ENDPOINTSLICES, SERVICES, ObjectKey, RawObject
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
-from kube.settings import WatchSettings
-from kube.watching import Listed, watch_objects
+from kube.settings import QueueSettings, WatchSettings
 
 from ..forge.addresses import identity
 from ..forge.labels import origin_of
 from ..forge.services import SERVICE_NAME_LABEL, remote_endpoint_slice, remote_service, slice_name, translator
-from .caches import PodCache
+from .namespaced import NamespaceTasks
 
 __all__ = ["ServiceReflector"]
 
@@ -51,11 +52,12 @@ class ServiceReflector:
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: PodCache,
+        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         consumer_id: str,
         node: str,
         settings: WatchSettings | None = None,
+        queue_settings: QueueSettings | None = None,
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -64,29 +66,23 @@ class ServiceReflector:
         self.consumer_id = consumer_id
         self.node = node
         self.settings = settings or WatchSettings()
-        self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_services_to_remote")
+        self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_services_to_remote", settings=queue_settings)
         self.twin_back: Callable[[str], str] = identity
         """Consumer view of a twin's address → the twin's own (set from the fabric's PeerNetwork)."""
         self.to_provider_view: Callable[[str], str] | None = None
         """Consumer pod address → where the provider reaches it (None: no fabric, unreachable)."""
-        self._services: dict[ObjectKey, RawObject] = {}
-        self._slices: dict[ObjectKey, RawObject] = {}
-        self._watched: dict[str, list[asyncio.Task[None]]] = {}
+        self._services: dict[str, Informer] = {}  # consumer namespace -> its Services
+        self._slices: dict[str, Informer] = {}  # consumer namespace -> its Services' EndpointSlices
+        self._watches = NamespaceTasks("watch-consumer-services")
         self._copies: set[ObjectKey] = set()
 
     # ---- what wakes keys up --------------------------------------------------------------------
 
     def pod_changed(self, key: ObjectKey) -> None:
         namespace = key.namespace or ""
-        if self.pods.get(key) is not None and namespace not in self._watched:
-            self._watched[namespace] = [
-                asyncio.create_task(watch(namespace), name=f"{name} {namespace}")
-                for watch, name in (
-                    (self._watch_services, "watch_consumer_services"),
-                    (self._watch_slices, "watch_consumer_endpointslices"),
-                )
-            ]
-        for service in [k for k in {*self._services, *self._copies} if k.namespace == namespace]:
+        if self.pods.get(key) is not None and namespace not in self._services:
+            self._watch_namespace(namespace)
+        for service in [k for k in {*self._service_keys(), *self._copies} if k.namespace == namespace]:
             self.queue.add(service)
 
     def set_views(
@@ -103,38 +99,26 @@ class ServiceReflector:
         self.resync()
 
     def resync(self) -> None:
-        for key in {*self._services, *self._copies}:
+        for key in {*self._service_keys(), *self._copies}:
             self.queue.add(key)
 
-    async def _watch_services(self, namespace: str) -> None:
-        async for item in watch_objects(
-            self.consumer, SERVICES, namespace=namespace, settings=self.settings, retry_permanent=True
-        ):
-            if isinstance(item, Listed):
-                for key in [k for k in self._services if k.namespace == namespace and k not in item.keys]:
-                    del self._services[key]
-                    self.queue.add(key)
-                continue
-            if item.type == "DELETED":
-                self._services.pop(item.key, None)
-            else:
-                self._services[item.key] = item.object
-            self.queue.add(item.key)
+    def _service_keys(self) -> list[ObjectKey]:
+        return [key for informer in self._services.values() for key in informer]
 
-    async def _watch_slices(self, namespace: str) -> None:
-        async for item in watch_objects(
-            self.consumer, ENDPOINTSLICES, namespace=namespace, settings=self.settings, retry_permanent=True,
-            label_selector=SERVICE_NAME_LABEL,
-        ):  # fmt: skip
-            if isinstance(item, Listed):
-                for key in [k for k in self._slices if k.namespace == namespace and k not in item.keys]:
-                    self._wake_for_slice(self._slices.pop(key))
-                continue
-            if item.type == "DELETED":
-                self._slices.pop(item.key, None)
-            else:
-                self._slices[item.key] = item.object
-            self._wake_for_slice(item.object)
+    def _watch_namespace(self, namespace: str) -> None:
+        services = Informer(self.consumer, SERVICES, name=f"consumer-services-{namespace}",
+                            namespace=namespace, settings=self.settings, retry_permanent=True)  # fmt: skip
+        services.add_handler(lambda change: self.queue.add(change.key))
+        slices = Informer(self.consumer, ENDPOINTSLICES, name=f"consumer-endpointslices-{namespace}",
+                          namespace=namespace, label_selector=SERVICE_NAME_LABEL, settings=self.settings,
+                          retry_permanent=True)  # fmt: skip
+        slices.add_handler(lambda change: self._wake_for_slice(change.object))
+        self._services[namespace], self._slices[namespace] = services, slices
+        self._watches.start(namespace, lambda: _run_both(services, slices))
+
+    async def run(self) -> None:
+        """Hold the per-namespace informers until cancelled."""
+        await self._watches.run()
 
     def _wake_for_slice(self, slice_: RawObject) -> None:
         meta = slice_.get("metadata") or {}
@@ -144,13 +128,6 @@ class ServiceReflector:
     def _in_use(self, namespace: str) -> bool:
         return any(k.namespace == namespace for k in self.pods)
 
-    async def stop(self) -> None:
-        tasks = [t for group in self._watched.values() for t in group]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self.queue.shutdown()
-
     # ---- reconciling ---------------------------------------------------------------------------
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
@@ -159,7 +136,8 @@ class ServiceReflector:
         twin_ns = self.twin_namespace_for(namespace)
         if twin_ns is None:
             return None
-        source = self._services.get(key) if self._in_use(namespace) else None
+        services = self._services.get(namespace)
+        source = services.get(key) if services is not None and self._in_use(namespace) else None
         try:
             copy: RawObject | None = await self.provider.get(SERVICES, key.name, twin_ns)
         except NotFound:
@@ -184,9 +162,9 @@ class ServiceReflector:
         self._copies.add(key)
         if desired["spec"]["type"] == "ExternalName":
             return None
-        slices = [s for s in self._slices.values()
-                  if s["metadata"].get("namespace") == namespace
-                  and (s["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == key.name]  # fmt: skip
+        found = self._slices.get(namespace)
+        slices = [s for s in (found.values() if found is not None else ())
+                  if (s["metadata"].get("labels") or {}).get(SERVICE_NAME_LABEL) == key.name]  # fmt: skip
         translate = translator(self.node, self.twin_back, self.to_provider_view)
         body = remote_endpoint_slice(source, slices, namespace=twin_ns, consumer_id=self.consumer_id,
                                      translate=translate)  # fmt: skip
@@ -209,6 +187,10 @@ class ServiceReflector:
 
     def known_keys(self) -> Iterable[ObjectKey]:
         return set(self._copies)
+
+
+async def _run_both(services: Informer, slices: Informer) -> None:
+    await asyncio.gather(services.run(), slices.run())
 
 
 def _shape(service: RawObject) -> tuple[str, bool]:

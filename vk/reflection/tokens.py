@@ -17,14 +17,15 @@ from datetime import datetime
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, NotFound
+from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
 from kube.objects import CONFIGMAPS, SECRETS, SERVICEACCOUNTS, ObjectKey, RawObject
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
+from kube.settings import QueueSettings
 
 from ..forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
-from .caches import PodCache
 
 __all__ = ["TokenReflector"]
 
@@ -48,16 +49,17 @@ class TokenReflector:
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: PodCache,
+        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         consumer_id: str,
+        queue_settings: QueueSettings | None = None,
     ) -> None:
         self.consumer = consumer
         self.provider = provider
         self.pods = pods
         self.twin_namespace_for = twin_namespace_for
         self.consumer_id = consumer_id
-        self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_tokens_to_remote")
+        self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_tokens_to_remote", settings=queue_settings)
         self._renew_at: dict[ObjectKey, float] = {}
         self._written: dict[ObjectKey, tuple[str, str]] = {}  # pod key -> (twin namespace, pod uid)
 
@@ -148,6 +150,3 @@ class TokenReflector:
         twin_ns = self.twin_namespace_for(pod["metadata"]["namespace"])
         if twin_ns is not None:
             await self._write(pod, twin_ns, logger)
-
-    async def stop(self) -> None:
-        self.queue.shutdown()

@@ -1,12 +1,12 @@
-"""Twins seen through a scoped identity: one pod watch per twin namespace the provider made.
+"""Twins seen through a scoped identity: one pod informer per twin namespace the provider made.
 
 With the identity a peering issues, the virtual kubelet may not list pods cluster-wide, nor
 create namespaces. The provider makes each twin namespace when the consumer asks for it, through
 a ``NamespaceOffloading`` in the consumer's tenant namespace (``spec.originNamespace``; once
-ready, ``status.phase: Ready`` and ``status.remoteNamespace``). :class:`TwinNamespaces` watches
-those requests, keeps the origin → twin namespace map, and runs one :class:`PodCache` per twin
-namespace, started and stopped as namespaces come and go. To the reflector it looks like one
-cache keyed by consumer pod key.
+ready, ``status.phase: Ready`` and ``status.remoteNamespace``). :class:`TwinNamespaces` keeps
+those requests in an informer, the origin → twin namespace map, and one pod
+:class:`~kube.informers.Informer` per twin namespace, started and stopped as namespaces come and
+go. To the reflectors it reads like one store keyed by consumer pod key.
 """
 
 from __future__ import annotations
@@ -14,21 +14,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
+from kube import api
 from kube.clients import KubeClient
 from kube.errors import NotFound
+from kube.informers import Informer
 from kube.objects import NAMESPACEOFFLOADINGS, ObjectKey, RawObject
 from kube.settings import WatchSettings
-from kube.watching import Listed, WatchEvent, watch_objects
+from kube.watching import Listed, WatchEvent
 
-from .caches import PodCache
+from .informers import after_each_item, twin_pods
+from .namespaced import NamespaceTasks
 
 __all__ = ["NAMESPACEOFFLOADINGS", "TwinNamespaces", "twin_mapping"]
 
 logger = logging.getLogger(__name__)
 
-DEMAND_ANNOTATION = "gpuferry.io/demand"
+DEMAND_ANNOTATION = api.DEMAND_ANNOTATION
 
 
 def twin_mapping(request: RawObject) -> tuple[str, str] | None:
@@ -43,74 +46,92 @@ def twin_mapping(request: RawObject) -> tuple[str, str] | None:
 
 
 class TwinNamespaces:
-    """Twin pods of one consumer in the twin namespaces of its tenant (see the module docstring)."""
+    """Twin pods of one consumer in the twin namespaces of its tenant (see the module docstring).
+
+    ``requests`` is the informer of the NamespaceOffloadings (for the manager to run);
+    :meth:`run` holds the per-namespace pod informers and must run alongside it.
+    """
 
     def __init__(
         self,
         client: KubeClient,
         *,
         tenant_namespace: str,
-        key_of: Callable[[RawObject], ObjectKey | None],
-        on_change: Callable[[ObjectKey], None],
-        on_namespaces: Callable[[set[str]], None] = lambda _: None,
-        on_event: Callable[[str, WatchEvent | Listed], None] | None = None,
-        label_selector: str | None = None,
+        consumer_id: str,
+        on_pod_event: Callable[[str, WatchEvent | Listed], None] | None = None,
+        on_synced: Callable[[], None] | None = None,
         settings: WatchSettings | None = None,
     ) -> None:
         self.client = client
         self.tenant_namespace = tenant_namespace
-        self._key_of = key_of
-        self._on_change = on_change
-        self._on_namespaces = on_namespaces
-        self._on_event = on_event
-        self._label_selector = label_selector
+        self.consumer_id = consumer_id
+        self._on_pod_event = on_pod_event
+        self._on_synced = on_synced
         self._settings = settings or WatchSettings()
+        self.requests = Informer(client, NAMESPACEOFFLOADINGS, name="namespaceoffloadings",
+                                 namespace=tenant_namespace, settings=self._settings,
+                                 retry_permanent=True)  # fmt: skip
+        after_each_item(self.requests, self._apply)
         self.mapping: dict[str, str] = {}
         """Origin (consumer) namespace → twin namespace, for ready requests."""
-        self._caches: dict[str, PodCache] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._requests: dict[ObjectKey, RawObject] = {}
+        self._pods: dict[str, Informer] = {}
+        self._watches = NamespaceTasks("watch-twins")
+        self._handlers: list[Callable[[ObjectKey], None]] = []
+        self._namespace_handlers: list[Callable[[set[str]], None]] = []
         self._demand: dict[str, dict[str, str]] = {}
-        self._requests_synced = asyncio.Event()
+        self._applied = False
         self.synced = asyncio.Event()
         """Set once the requests were listed and every twin namespace known then was listed."""
 
-    # ---- the PodCache face ---------------------------------------------------------------------
+    # ---- reading -------------------------------------------------------------------------------
 
     def twin_namespace_for(self, origin: str) -> str | None:
         return self.mapping.get(origin)
 
-    def namespace_synced(self, origin: str) -> bool:
-        """Whether the twins of ``origin`` are known (its twin namespace's pods were listed)."""
+    def knows(self, origin: str) -> bool:
+        """Whether a twin of a pod in ``origin`` that is not here is truly missing: the requests
+        are listed, and ``origin`` has no twin namespace or its pods were listed."""
+        if not self._applied:
+            return False
         twin = self.mapping.get(origin)
-        cache = self._caches.get(twin) if twin else None
-        return cache is not None and cache.synced.is_set()
+        if twin is None:
+            return True
+        informer = self._pods.get(twin)
+        return informer is not None and informer.synced.is_set()
 
     def get(self, key: ObjectKey) -> RawObject | None:
         twin = self.mapping.get(key.namespace or "")
-        cache = self._caches.get(twin) if twin else None
-        if cache is not None:
-            return cache.get(key)
-        for other in self._caches.values():  # a namespace on its way out still has its twins
+        informer = self._pods.get(twin) if twin else None
+        if informer is not None:
+            return informer.get(key)
+        for other in self._pods.values():  # a namespace on its way out still has its twins
             if (found := other.get(key)) is not None:
                 return found
         return None
 
     def keys(self) -> list[ObjectKey]:
-        return [key for cache in self._caches.values() for key in cache]
+        return [key for informer in self._pods.values() for key in informer]
 
-    def __iter__(self) -> Iterator[ObjectKey]:
-        return iter(self.keys())
-
-    def phases(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for cache in self._caches.values():
-            for phase, n in cache.phases().items():
-                counts[phase] = counts.get(phase, 0) + n
-        return counts
+    def values(self) -> list[RawObject]:
+        return [pod for informer in self._pods.values() for pod in informer.values()]
 
     def __len__(self) -> int:
-        return sum(len(cache) for cache in self._caches.values())
+        return sum(len(informer) for informer in self._pods.values())
+
+    # ---- subscribing ---------------------------------------------------------------------------
+
+    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
+        """Call ``handler`` with the consumer key of every twin that changes (or goes with its
+        namespace)."""
+        self._handlers.append(handler)
+
+    def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:
+        """Call ``handler`` with the origins whose twin namespace appeared, changed or went."""
+        self._namespace_handlers.append(handler)
+
+    def _notify(self, key: ObjectKey) -> None:
+        for handler in self._handlers:
+            handler(key)
 
     # ---- demand ------------------------------------------------------------------------------
 
@@ -135,77 +156,53 @@ class TwinNamespaces:
     # ---- running -------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Watch the requests forever and keep one pod watch per twin namespace."""
-        try:
-            async for item in watch_objects(
-                self.client,
-                NAMESPACEOFFLOADINGS,
-                namespace=self.tenant_namespace,
-                settings=self._settings,
-                retry_permanent=True,
-            ):
-                self._handle(item)
-        finally:
-            for task in self._tasks.values():
-                task.cancel()
-            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-
-    def _handle(self, item: WatchEvent | Listed) -> None:
-        if isinstance(item, Listed):
-            for key in [k for k in self._requests if k not in item.keys]:
-                del self._requests[key]
-            self._requests_synced.set()
-        elif item.type == "DELETED":
-            self._requests.pop(item.key, None)
-        else:
-            self._requests[item.key] = item.object
-        if self._requests_synced.is_set():
-            self._apply()
+        """Hold one pod informer per twin namespace until cancelled (then stop them all)."""
+        await self._watches.run()
 
     def _apply(self) -> None:
-        mapping = dict(m for r in self._requests.values() if (m := twin_mapping(r)) is not None)
+        if not self.requests.synced.is_set():
+            return
+        requests = self.requests.values()
+        mapping = dict(m for r in requests if (m := twin_mapping(r)) is not None)
         changed = {o for o in mapping.keys() | self.mapping.keys() if mapping.get(o) != self.mapping.get(o)}
         self.mapping = mapping
         wanted = set(mapping.values())
-        for twin in [t for t in self._caches if t not in wanted]:
-            self._tasks.pop(twin).cancel()
-            cache = self._caches.pop(twin)
-            for key in cache:
-                self._on_change(key)
-        for twin in wanted - self._caches.keys():
+        for twin in [t for t in self._pods if t not in wanted]:
+            self._watches.cancel(twin)
+            for key in self._pods.pop(twin):
+                self._notify(key)
+        for twin in wanted - self._pods.keys():
             self._start(twin)
+        self._applied = True
         self._update_synced()
         if changed:
             logger.info("twin namespaces of tenant %s: %s", self.tenant_namespace, mapping or "none")
-            self._on_namespaces(changed)
+            for handler in self._namespace_handlers:
+                handler(changed)
 
     def _start(self, twin: str) -> None:
-        def on_event(item: WatchEvent | Listed) -> None:
-            if self._on_event is not None:
-                self._on_event(twin, item)
+        # retried on 403: a namespace just made may have its RoleBinding a moment later
+        informer = twin_pods(self.client, self.consumer_id, name=f"twins-{twin}", namespace=twin,
+                             settings=self._settings, retry_permanent=True)  # fmt: skip
+        informer.add_handler(lambda change: self._notify(change.key))
+        on_event = self._on_pod_event
+        if on_event is not None:
+            informer.add_event_handler(lambda item: on_event(twin, item))
+        self._pods[twin] = informer
+        self._watches.start(twin, lambda: self._watch(informer))
 
-        cache = PodCache(
-            f"provider {twin}",
-            self.client,
-            key_of=self._key_of,
-            on_change=self._on_change,
-            label_selector=self._label_selector,
-            settings=self._settings,
-            namespace=twin,
-            on_event=on_event,
-            retry_permanent=True,  # a namespace just made: its RoleBinding may be a moment behind
-        )
-        self._caches[twin] = cache
-        self._tasks[twin] = asyncio.create_task(self._run_cache(twin, cache), name=f"watch_twins {twin}")
-
-    async def _run_cache(self, twin: str, cache: PodCache) -> None:
-        waiter = asyncio.create_task(cache.synced.wait())
+    async def _watch(self, informer: Informer) -> None:
+        waiter = asyncio.create_task(informer.synced.wait())
         waiter.add_done_callback(lambda _: self._update_synced())
         try:
-            await cache.run()
+            await informer.run()
         finally:
             waiter.cancel()
 
     def _update_synced(self) -> None:
-        if self._requests_synced.is_set() and all(c.synced.is_set() for c in self._caches.values()):
+        if self.synced.is_set() or not self._applied:
+            return
+        if all(informer.synced.is_set() for informer in self._pods.values()):
             self.synced.set()
+            if self._on_synced is not None:
+                self._on_synced()

@@ -1,0 +1,107 @@
+"""Status back (``sync_status_from_remote``) without an API server: it writes the twin's status
+onto its own consumer pod, in the consumer's view, and nothing else."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kube.informers import Informer
+from kube.objects import PODS, ObjectKey
+from vk.forge.pods import ForgeOptions, remote_pod
+from vk.reflection.podstatus import PodStatusReflector
+
+from .builders import CONSUMER_ID, PROVIDER_ID, VIRTUAL_NODE, gpu_pod
+
+OPTS = ForgeOptions(consumer_cluster_id=CONSUMER_ID, provider_cluster_id=PROVIDER_ID,
+                    virtual_node_name=VIRTUAL_NODE)  # fmt: skip
+KEY = ObjectKey("ml", "train-0")
+NODE_ADDRESS = "10.0.0.42"
+
+
+class Consumer:
+    """Records the status patches a reconciler sends (a stand-in for the consumer's API server)."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any], str | None]] = []
+
+    async def patch(self, resource: Any, name: str, body: dict[str, Any], namespace: str | None = None,
+                    **options: Any) -> dict[str, Any]:  # fmt: skip
+        assert resource is PODS and options == {"subresource": "status"}
+        self.patches.append((name, body, namespace))
+        return body
+
+
+class Twins:
+    """The twins by consumer key, as a :class:`vk.remote.RemoteSide` files them."""
+
+    def __init__(self, twin: dict[str, Any] | None) -> None:
+        self.pods = {KEY: twin} if twin is not None else {}
+
+    def get(self, key: ObjectKey) -> dict[str, Any] | None:
+        return self.pods.get(key)
+
+    def values(self) -> list[dict[str, Any]]:
+        return list(self.pods.values())
+
+
+def _consumer_pod() -> dict[str, Any]:
+    pod = gpu_pod("train-0", VIRTUAL_NODE, phase="Pending")
+    pod["metadata"]["creationTimestamp"] = "2024-06-01T10:00:00Z"
+    return pod
+
+
+def _twin_of(pod: dict[str, Any], *, phase: str = "Running") -> dict[str, Any]:
+    twin = remote_pod(copy.deepcopy(pod), OPTS)
+    twin["metadata"]["name"] = pod["metadata"]["name"]
+    twin["status"] = {"phase": phase, "podIP": "10.244.3.7", "hostIP": "192.168.10.3",
+                      "startTime": "2024-06-01T10:00:03Z"}  # fmt: skip
+    return twin
+
+
+def _reflector(
+    local: dict[str, Any] | None, twin: dict[str, Any] | None
+) -> tuple[PodStatusReflector, Consumer]:
+    informer = Informer(None, PODS)  # no client: its store is filled by hand
+    if local is not None:
+        informer.store[KEY] = local
+    consumer = Consumer()
+    reflector = PodStatusReflector(consumer=consumer, local=informer,
+                                   twins=Twins(twin), node_address=NODE_ADDRESS,
+                                   remap_ip=lambda ip: ip.replace("10.244.", "10.64."))  # fmt: skip
+    return reflector, consumer
+
+
+async def test_the_twins_status_comes_back_in_the_consumers_view() -> None:
+    local = _consumer_pod()
+    reflector, consumer = _reflector(local, _twin_of(local))
+    assert await reflector.reconcile(KEY) is None
+    ((name, body, namespace),) = consumer.patches
+    assert (name, namespace) == ("train-0", "ml")
+    status = body["status"]
+    assert status["phase"] == "Running"
+    assert status["podIP"] == "10.64.3.7", "the pod IP as the consumer reaches it"
+    assert status["hostIP"] == NODE_ADDRESS, "the host is the virtual node"
+
+
+async def test_nothing_is_written_when_nothing_changed() -> None:
+    local = _consumer_pod()
+    reflector, consumer = _reflector(local, _twin_of(local))
+    await reflector.reconcile(KEY)
+    local["status"] = consumer.patches[0][1]["status"]
+    reflector2, consumer2 = _reflector(local, _twin_of(local))
+    await reflector2.reconcile(KEY)
+    assert consumer2.patches == []
+
+
+async def test_only_the_pods_own_twin_its_life_and_no_terminating_pod_are_reflected() -> None:
+    local = _consumer_pod()
+    older = _consumer_pod()
+    older["metadata"]["uid"] = "uid-of-an-older-pod"
+    terminating = _consumer_pod()
+    terminating["metadata"]["deletionTimestamp"] = "2024-06-01T10:05:00Z"
+    for pod, twin in ((local, None), (None, _twin_of(local)), (local, _twin_of(older)),
+                      (terminating, _twin_of(terminating))):  # fmt: skip
+        reflector, consumer = _reflector(pod, twin)
+        assert await reflector.reconcile(KEY) is None
+        assert consumer.patches == [], "pods-to-remote owns these states"

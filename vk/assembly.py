@@ -1,0 +1,302 @@
+"""The virtual kubelet, assembled: named components on one :class:`kube.manager.Manager`.
+
+:func:`build_virtual_kubelet` wires them in this order (each arrow is a handler adding keys)::
+
+    consumer pods ──┬─▶ sync_pods_to_remote       twins created, updated, deleted  (PodReflector)
+      (informer)    ├─▶ sync_status_from_remote   twin status onto the pod   (PodStatusReflector)
+    twins ──────────┘   (the RemoteSide: tenant or admin identity, chosen once, vk.remote)
+    consumer pods ──▶ sync_{tokens,configmaps,secrets,services}_to_remote: what twins mount/resolve
+    consumer pods ──▶ provider Events about their twins, onto them
+    node: registration, status, Lease; its capacity view fed by the RemoteSide; the fit gate of
+          sync_pods_to_remote, whose held pods it wakes when capacity changes
+    PeerNetworks ──▶ pod IPs of status back, endpoints of reflected Services; the node's network
+    kubelet API ◀── both pod informers;   resync ──▶ every key of every queue, now and then
+
+A controller's workers start once the informers it reads have listed; ``/readyz`` answers ready
+when every informer has and the Node is registered. On SIGTERM the queues drain first, then the
+other loops stop (the node's Lease is no longer renewed), then the watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.informers import Change, Informer
+from kube.manager import Controller, Manager
+from kube.objects import ObjectKey
+from kube.queueing import KeyedQueue
+from kube.reconciling import Reconciler
+
+from .forge.accessories import CONFIGMAP, SECRET
+from .forge.node import network_condition
+from .forge.pods import ForgeOptions
+from .kubelet import KubeletContext, serve_kubelet_api
+from .kubelet.certificates import ServingCertificate
+from .node.controller import NodeController
+from .reflection.accessories import AccessoryReflector
+from .reflection.addresses import PeerNetworkFollower
+from .reflection.events import EventReflector
+from .reflection.informers import consumer_pods
+from .reflection.pods import PodReflector
+from .reflection.podstatus import PodStatusReflector, refresh_phase_gauge
+from .reflection.services import ServiceReflector
+from .reflection.tokens import TokenReflector
+from .remote import RemoteSide, remote_side
+from .settings import VirtualKubeletSettings
+
+__all__ = ["PodSync", "build_virtual_kubelet", "forge_options"]
+
+logger = logging.getLogger(__name__)
+
+Copier = AccessoryReflector | TokenReflector | ServiceReflector
+"""A reflector of what twins need besides themselves, keyed in a queue of its own."""
+
+
+def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
+    return ForgeOptions(
+        consumer_cluster_id=settings.consumer_cluster_id,
+        provider_cluster_id=settings.provider_cluster_id,
+        virtual_node_name=settings.effective_node_name,
+        namespace_strategy=settings.namespace_strategy,
+        grant_node_selector=dict(settings.provider_node_selector),
+        service_account_tokens=settings.service_account_tokens,
+    )
+
+
+def build_virtual_kubelet(
+    settings: VirtualKubeletSettings, consumer: KubeClient, provider: KubeClient
+) -> Manager:
+    """The virtual kubelet of ``settings`` as a manager, not yet running (see the module)."""
+    manager = Manager("virtual-kubelet", client=consumer, probes_settings=settings.probe_settings,
+                      drain_timeout=settings.queue.drain_timeout)  # fmt: skip
+    sides = {"consumer": consumer, "provider": provider}
+    local = consumer_pods(consumer, settings.effective_node_name, settings=settings.watch)
+    manager.add_informer(local)
+    node = add_node(manager, settings, consumer=consumer, provider=provider)
+    remote = add_remote_side(manager, settings, provider=provider, node=node)
+    copiers = add_copiers(manager, settings, **sides, local=local, remote=remote)
+    prerequisites = [c for c in copiers if not isinstance(c, ServiceReflector)]
+    pods = add_pod_sync(manager, settings, **sides, local=local, remote=remote, node=node,
+                        prerequisites=prerequisites)  # fmt: skip
+    events = add_events(manager, settings, **sides, local=local, remote=remote)
+
+    def local_pod_changed(change: Change) -> None:
+        pods.add(change.key)
+        for copier in copiers:
+            copier.pod_changed(change.key)
+        events.pod_changed(change.key)
+
+    local.add_handler(local_pod_changed)
+    services = [c for c in copiers if isinstance(c, ServiceReflector)]
+    add_address_followers(manager, settings, **sides, node=node, pods=pods, services=services)
+    if settings.kubelet_api:
+        add_kubelet_api(manager, settings, **sides, local=local, remote=remote)
+    add_resync(manager, settings, pods=pods, copiers=copiers)
+    return manager
+
+
+# ---- the node ------------------------------------------------------------------------------------
+
+
+def add_node(manager: Manager, settings: VirtualKubeletSettings, *, consumer: KubeClient,
+             provider: KubeClient) -> NodeController:  # fmt: skip
+    """The Node, its status and its Lease; ready once registered."""
+    node = NodeController(consumer=consumer, provider=provider, settings=settings)
+    for name, factory in node.tasks().items():
+        manager.add_task(name, factory)
+    manager.probes.add_readiness("node-registered", node.registered.is_set)
+    return node
+
+
+def add_remote_side(manager: Manager, settings: VirtualKubeletSettings, *, provider: KubeClient,
+                    node: NodeController) -> RemoteSide:  # fmt: skip
+    """The twins and the provider's capacity, as this identity sees them (:mod:`vk.remote`)."""
+    remote = remote_side(settings, provider, node.view)
+    logger.info("provider identity: %s", remote.name)
+    for informer in remote.informers:
+        manager.add_informer(informer)
+    for name, factory in remote.tasks().items():
+        manager.add_task(name, factory)
+    manager.probes.add_readiness("twins-listed", remote.synced.is_set)
+    return remote
+
+
+# ---- pods out, status back ---------------------------------------------------------------------
+
+
+@dataclass
+class PodSync:
+    """The two pod queues, both keyed by consumer pod key, and their reconcilers."""
+
+    to_remote: KeyedQueue[ObjectKey]
+    status_from_remote: KeyedQueue[ObjectKey]
+    reflector: PodReflector
+    status: PodStatusReflector
+
+    def add(self, key: ObjectKey) -> None:
+        """Either pod of a pair changed: both directions look at it."""
+        self.to_remote.add(key)
+        self.status_from_remote.add(key)
+
+
+def add_pod_sync(
+    manager: Manager,
+    settings: VirtualKubeletSettings,
+    *,
+    consumer: KubeClient,
+    provider: KubeClient,
+    local: Informer,
+    remote: RemoteSide,
+    node: NodeController,
+    prerequisites: Sequence[AccessoryReflector | TokenReflector],
+) -> PodSync:
+    """``sync_pods_to_remote`` and ``sync_status_from_remote``, fed by both pod informers."""
+    reflector = PodReflector(consumer=consumer, provider=provider, local=local, remote=remote,
+                             opts=forge_options(settings), fit=node, accessories=prerequisites)  # fmt: skip
+    status = PodStatusReflector(consumer=consumer, local=local, twins=remote,
+                                node_address=settings.node_address)  # fmt: skip
+    to_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
+    from_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_status_from_remote", settings=settings.queue)
+    pods = PodSync(to_remote, from_remote, reflector, status)
+    informers = [local, *remote.informers]
+    _add_controller(manager, pods.to_remote, reflector, "Pod", informers)
+    _add_controller(manager, pods.status_from_remote, status, "Pod", informers)
+    remote.add_handler(pods.add)
+
+    def namespaces_changed(origins: set[str]) -> None:  # offloaded, or no longer
+        for key in local:
+            if key.namespace in origins:
+                pods.to_remote.add(key)
+
+    def retry_held() -> None:  # the provider's capacity changed: held pods may fit now
+        for key in reflector.gated_keys():
+            pods.to_remote.add(key)
+
+    remote.add_namespaces_handler(namespaces_changed)
+    node.on_capacity_change(retry_held)
+    manager.probes.before_metrics.append(lambda: refresh_phase_gauge(local.values(), remote.values()))
+    return pods
+
+
+def _add_controller(manager: Manager, queue: KeyedQueue[ObjectKey], reconciler: Reconciler[ObjectKey],
+                    kind: str, informers: Sequence[Informer]) -> None:  # fmt: skip
+    manager.add_controller(Controller(queue.name, queue, reconciler, kind=kind, informers=informers,
+                                      logger=logger))  # fmt: skip
+
+
+# ---- what twins need besides themselves ----------------------------------------------------------
+
+
+def add_copiers(
+    manager: Manager,
+    settings: VirtualKubeletSettings,
+    *,
+    consumer: KubeClient,
+    provider: KubeClient,
+    local: Informer,
+    remote: RemoteSide,
+) -> list[Copier]:
+    """Tokens, ConfigMaps and Secrets (written before a twin is created too), and Services."""
+    common: dict[str, Any] = {
+        "consumer": consumer, "provider": provider, "pods": local,
+        "consumer_id": settings.consumer_cluster_id, "twin_namespace_for": remote.twin_namespace_for,
+        "queue_settings": settings.queue,
+    }  # fmt: skip
+    copiers: list[Copier] = []
+    if settings.service_account_tokens:
+        copiers.append(TokenReflector(**common))
+    copiers += [AccessoryReflector(kind, settings=settings.watch, **common) for kind in (CONFIGMAP, SECRET)]
+    copiers.append(ServiceReflector(node=settings.effective_node_name, settings=settings.watch, **common))
+    for copier in copiers:
+        kind = "Pod" if isinstance(copier, TokenReflector) else copier.resource.kind
+        _add_controller(manager, copier.queue, copier, kind, [local])
+        if not isinstance(copier, TokenReflector):
+            manager.add_task(f"watch-consumer-{copier.kind}", copier.run)
+    return copiers
+
+
+def add_events(manager: Manager, settings: VirtualKubeletSettings, *, consumer: KubeClient,
+               provider: KubeClient, local: Informer, remote: RemoteSide) -> EventReflector:  # fmt: skip
+    """Provider Events about twins, onto their consumer pods."""
+    events = EventReflector(consumer=consumer, provider=provider, pods=local,
+                            twin_namespace_for=remote.twin_namespace_for, node=settings.effective_node_name,
+                            settings=settings.watch)  # fmt: skip
+    manager.add_task("watch-provider-events", events.run)
+    return events
+
+
+# ---- addresses, the kubelet API, resync --------------------------------------------------------
+
+
+def add_address_followers(
+    manager: Manager,
+    settings: VirtualKubeletSettings,
+    *,
+    consumer: KubeClient,
+    provider: KubeClient,
+    node: NodeController,
+    pods: PodSync,
+    services: Sequence[ServiceReflector],
+) -> None:
+    """Both PeerNetworks: the provider's pods in our view (twin IPs in pod status, Service
+    endpoints; the node's NetworkReady) and ours in the provider's (endpoints it can reach)."""
+
+    def twins_remapped(function: Callable[[str], str]) -> None:
+        pods.status.remap_ip = function
+        for key in pods.status.local:  # every status again, in the new view
+            pods.status_from_remote.add(key)
+        for reflector in services:  # and every reflected Service's endpoints
+            reflector.set_views(twin_back=ours.reverse())
+
+    def ours_remapped(function: Callable[[str], str]) -> None:
+        for reflector in services:
+            reflector.set_views(to_provider_view=function)
+
+    ours = PeerNetworkFollower(consumer, namespace=settings.peer_network_namespace,
+                               peer_id=settings.provider_cluster_id, on_change=twins_remapped,
+                               on_object=lambda obj: node.set_network(network_condition(obj)),
+                               settings=settings.watch)  # fmt: skip
+    theirs = PeerNetworkFollower(provider, namespace=settings.provider_peer_network_namespace,
+                                 peer_id=settings.consumer_cluster_id, on_change=ours_remapped,
+                                 settings=settings.watch)  # fmt: skip
+    manager.add_task("follow-peer-network", ours.run)
+    manager.add_task("follow-provider-peer-network", theirs.run)
+
+
+def add_kubelet_api(manager: Manager, settings: VirtualKubeletSettings, *, consumer: KubeClient,
+                    provider: KubeClient, local: Informer, remote: RemoteSide) -> None:  # fmt: skip
+    """logs, exec, attach, port-forward, pods, stats: TLS on ``node_address:kubelet_port``."""
+    node = settings.effective_node_name
+    ctx = KubeletContext(node_name=node, provider=provider, local_pod=local.get, twin_pod=remote.get,
+                         local_keys=local.keys, started=datetime.datetime.now(datetime.UTC))  # fmt: skip
+    certificate = ServingCertificate(consumer, node_name=node, addresses=(settings.node_address,),
+                                     self_approve=settings.kubelet_csr_self_approve,
+                                     expiration_seconds=settings.kubelet_cert_seconds,
+                                     sign_timeout=120.0)  # fmt: skip
+
+    async def serve() -> None:
+        await serve_kubelet_api(consumer=consumer, ctx=ctx, certificate=certificate,
+                                host=settings.node_address, port=settings.kubelet_port)  # fmt: skip
+
+    manager.add_task("kubelet-api", serve)
+
+
+def add_resync(manager: Manager, settings: VirtualKubeletSettings, *, pods: PodSync,
+               copiers: Sequence[Copier]) -> None:  # fmt: skip
+    """Reconcile everything now and then: collects orphans, heals anything a lost event hid."""
+
+    async def resync() -> None:
+        while True:
+            await asyncio.sleep(settings.resync_seconds)
+            for key in {*pods.reflector.local.keys(), *pods.reflector.remote.keys()}:
+                pods.add(key)
+            for copier in copiers:
+                copier.resync()
+
+    manager.add_task("resync", resync)

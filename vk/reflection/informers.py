@@ -1,0 +1,92 @@
+"""The pod informers of both sides, filed under the same key.
+
+The consumer side holds the pods bound to the virtual node; the provider side holds the twins
+this consumer owns. Both are keyed by the *consumer* pod key (namespace, name), so a change on
+either side queues the same key, and a reconciler sees both objects at once.
+
+Both are :class:`kube.informers.Informer` stores of projections
+(:func:`kube.informers.drop_noise`: a pod without its managed fields and last-applied
+annotation, most of its bytes and read by nobody here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from kube.clients import KubeClient
+from kube.informers import Informer, drop_noise
+from kube.objects import PODS, ObjectKey, RawObject
+from kube.settings import WatchSettings
+
+from ..forge.labels import origin_of, owner_selector
+
+__all__ = ["after_each_item", "consumer_key", "consumer_pods", "pod_phases", "twin_key_for", "twin_pods"]
+
+
+def consumer_key(pod: RawObject) -> ObjectKey:
+    """A consumer pod's own key."""
+    return ObjectKey(pod["metadata"].get("namespace"), pod["metadata"]["name"])
+
+
+def twin_key_for(consumer_id: str) -> Callable[[RawObject], ObjectKey | None]:
+    """Maps a provider twin to the consumer key recorded in its origin labels/annotations
+    (None: not a twin of ``consumer_id``'s, ignored)."""
+
+    def key_of(pod: RawObject) -> ObjectKey | None:
+        origin = origin_of(pod)
+        if origin is None or origin.cluster_id != consumer_id:
+            return None
+        return ObjectKey(origin.namespace, origin.name)
+
+    return key_of
+
+
+def consumer_pods(client: KubeClient, node: str, *, settings: WatchSettings | None = None) -> Informer:
+    """The consumer pods bound to the virtual node ``node``."""
+    return Informer(client, PODS, name="consumer-pods", field_selector=f"spec.nodeName={node}",
+                    key_of=consumer_key, project=drop_noise, settings=settings)  # fmt: skip
+
+
+def twin_pods(
+    client: KubeClient,
+    consumer_id: str,
+    *,
+    name: str,
+    namespace: str | None = None,
+    settings: WatchSettings | None = None,
+    retry_permanent: bool = False,
+) -> Informer:
+    """The twins of ``consumer_id``'s pods (in ``namespace``, or everywhere), by consumer key."""
+    return Informer(client, PODS, name=name, namespace=namespace, label_selector=owner_selector(consumer_id),
+                    key_of=twin_key_for(consumer_id), project=drop_noise, settings=settings,
+                    retry_permanent=retry_permanent)  # fmt: skip
+
+
+def pod_phases(pods: Iterable[RawObject]) -> dict[str, int]:
+    """How many pods are in each phase (``Pending`` when none is reported yet)."""
+    counts: dict[str, int] = {}
+    for pod in pods:
+        phase = str((pod.get("status") or {}).get("phase") or "Pending")
+        counts[phase] = counts.get(phase, 0) + 1
+    return counts
+
+
+def after_each_item(informer: Informer, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once the store reflects a watch item (a list included, even an empty
+    one, which changes nothing and so calls no change handler). Items that arrive together
+    make one call."""
+    scheduled = False
+
+    def run() -> None:
+        nonlocal scheduled
+        scheduled = False
+        callback()
+
+    def on_item(_: object) -> None:
+        nonlocal scheduled
+        if not scheduled:
+            scheduled = True
+            asyncio.get_running_loop().call_soon(run)  # event handlers run before the store changes
+
+    informer.add_event_handler(on_item)

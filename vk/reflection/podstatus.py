@@ -1,0 +1,119 @@
+"""Status back: each twin's status, in the consumer's view, onto its consumer pod.
+
+The queue ``sync_status_from_remote`` holds consumer pod keys, added when either pod of a pair
+changes, when the network fabric's view of the provider's addresses changes, and at each
+resync. ``reconcile(key)`` reads both pods from the informers and, when the twin is the current
+pod's own (its origin UID is the pod's), patches the consumer pod's status with
+:func:`vk.forge.podstatus.local_status` of the twin (pod IPs remapped, the host IP the virtual
+node's), if anything differs. It writes nothing else.
+
+Everything else about a pair (creating, updating and deleting twins; holding a pod that cannot
+go yet; reporting a twin deleted behind our back) is :mod:`vk.reflection.pods`'s, in the queue
+``sync_pods_to_remote``. The two never write the same thing in the same state of a pair: status
+back acts only while the pod's own twin exists and the pod is not terminating; the statuses
+pods-to-remote writes (Pending with a reason, Failed with ``ProviderPodDeleted``) are written
+only while it has no twin. Both read the same informers, so a key handled by both at once sees
+the same pair; a status written from a twin that vanished meanwhile is corrected by the next
+event of that pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Protocol
+
+from kube.clients import KubeClient
+from kube.informers import Informer
+from kube.logs import object_logger
+from kube.metrics import gauge, histogram
+from kube.objects import PODS, ObjectKey, RawObject
+from kube.reconciling import Requeue
+
+from ..forge.addresses import identity
+from ..forge.labels import origin_of
+from ..forge.podstatus import local_status, status_patch
+from .informers import pod_phases
+
+__all__ = ["OFFLOAD_LATENCY", "PODS_BY_PHASE", "PodStatusReflector", "observe_since", "refresh_phase_gauge"]
+
+logger = logging.getLogger(__name__)
+
+OFFLOAD_LATENCY = histogram(
+    "vk_offload_seconds",
+    "Seconds from the consumer pod's creation to its twin being created (stage twin_created) and "
+    "to the consumer pod being reported Running (stage running).",
+    ["stage"],
+    buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
+PODS_BY_PHASE = gauge("vk_pods", "Consumer pods bound to the virtual node, by phase.", ["side", "phase"])
+
+
+class Twins(Protocol):
+    """Twins by consumer pod key (:class:`vk.remote.RemoteSide` is one)."""
+
+    def get(self, key: ObjectKey) -> RawObject | None: ...
+    def values(self) -> list[RawObject]: ...
+
+
+class PodStatusReflector:
+    """The reconciler of ``sync_status_from_remote`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        consumer: KubeClient,
+        local: Informer,
+        twins: Twins,
+        node_address: str,
+        remap_ip: Callable[[str], str] = identity,
+    ) -> None:
+        self.consumer = consumer
+        self.local = local
+        self.twins = twins
+        self.node_address = node_address
+        self.remap_ip = remap_ip
+        """The fabric's view of a twin's address from the consumer (set by the PeerNetwork follower)."""
+
+    async def reconcile(self, key: ObjectKey) -> Requeue | None:
+        local, remote = self.local.get(key), self.twins.get(key)
+        if local is None or remote is None or local["metadata"].get("deletionTimestamp"):
+            return None
+        origin = origin_of(remote)
+        if origin is None or origin.uid != local["metadata"]["uid"]:
+            return None  # an older pod's twin: pods-to-remote replaces it
+        new_status = local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=local)
+        patch = status_patch(local.get("status") or {}, new_status)
+        if patch is None:
+            return None
+        meta = local["metadata"]
+        await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
+        old_phase = (local.get("status") or {}).get("phase")
+        if new_status.get("phase") == "Running" and old_phase != "Running":
+            observe_since(local, "running")
+        if new_status.get("phase") != old_phase:
+            object_logger(logger, "Pod", key).info("phase %s -> %s", old_phase, new_status.get("phase"))
+        return None
+
+
+def refresh_phase_gauge(local: Iterable[RawObject], remote: Iterable[RawObject]) -> None:
+    """Set ``vk_pods{side,phase}`` from the informers (called before each /metrics scrape)."""
+    PODS_BY_PHASE.clear()
+    for side, pods in (("consumer", local), ("provider", remote)):
+        for phase, count in pod_phases(pods).items():
+            PODS_BY_PHASE.labels(side, phase).set(count)
+
+
+def observe_since(local: RawObject, stage: str) -> None:
+    """Observe ``vk_offload_seconds{stage}``: the time since the consumer pod was created."""
+    created = _parse_time(local["metadata"].get("creationTimestamp"))
+    if created is not None:
+        OFFLOAD_LATENCY.labels(stage).observe(max(0.0, time.time() - created))
+
+
+def _parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()

@@ -1,0 +1,205 @@
+"""The provider as this virtual kubelet's identity sees it: the one seam between its two modes.
+
+* **tenant** (what a peering sets up: ``settings.tenant_namespace``): the scoped identity the
+  provider issued. Twins go to the twin namespaces the provider made on request
+  (NamespaceOffloadings in the tenant namespace) and are watched one namespace at a time; what
+  fits where is the per-node grant of its GPUSlice less its own twins; what waits for quota is
+  reported on the request (:class:`TenantSide`).
+* **admin** (tests, development): a provider admin's kubeconfig. Twin namespaces are named by
+  rule and created here; twins are watched cluster-wide by their owner label; what fits where
+  comes from the provider's Nodes and every bound Pod (:class:`AdminSide`).
+
+:func:`remote_side` chooses once, in the assembly; nothing else asks which mode runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Protocol
+
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists
+from kube.informers import Informer
+from kube.objects import GPUSLICES, NAMESPACES, ObjectKey, RawObject
+from kube.watching import Listed, watch_objects
+
+from .forge.labels import ORIGIN_NAMESPACE, ownership_labels
+from .forge.names import twin_namespace
+from .node.provider import ProviderView
+from .reflection.informers import twin_pods
+from .reflection.twins import TwinNamespaces
+from .settings import VirtualKubeletSettings
+
+__all__ = ["AdminSide", "RemoteSide", "TaskFactory", "TenantSide", "remote_side"]
+
+TaskFactory = Callable[[], Coroutine[Any, Any, Any]]
+
+
+class RemoteSide(Protocol):
+    """This consumer's twins on the provider, where they go, and what the provider can take.
+
+    Contract:
+
+    * :meth:`get`, :meth:`keys`, :meth:`values`: this consumer's twin pods, each filed under the
+      key of the consumer pod it stands for; :meth:`add_handler`'s handlers get that key on every
+      change. A twin that is not found means nothing until :meth:`knows` says so for its key:
+      only then may a reconciler act on its absence (create a twin, report one deleted).
+    * :meth:`twin_namespace_for`: where the twins (and the copies they need) of a consumer
+      namespace go; ``None``: nowhere (not offloaded), so the pod waits, until
+      :meth:`add_namespaces_handler`'s handlers are called with that namespace.
+    * :meth:`prepare_namespace`: makes that namespace usable before a twin is created, where this
+      side makes namespaces; idempotent, and cheap when repeated.
+    * :meth:`report_demand`: tells the provider what pods of a namespace wait for beyond its
+      quota (``{}``: nothing); may do nothing; repeating the last demand costs nothing.
+    * ``informers``: must have listed before anything reconciles pods (the manager runs them and
+      the pod controllers wait for them); :meth:`tasks`: long-lived loops the manager runs too
+      (per-namespace watches, and those that keep the node's
+      :class:`~vk.node.provider.ProviderView` current); ``synced``: set once every twin is listed.
+    """
+
+    name: str
+    informers: Sequence[Informer]
+    synced: asyncio.Event
+
+    def get(self, key: ObjectKey) -> RawObject | None: ...
+    def keys(self) -> list[ObjectKey]: ...
+    def values(self) -> list[RawObject]: ...
+    def knows(self, key: ObjectKey) -> bool: ...
+    def twin_namespace_for(self, origin: str) -> str | None: ...
+    async def prepare_namespace(self, origin: str) -> None: ...
+    async def report_demand(self, origin: str, demand: dict[str, str]) -> None: ...
+    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None: ...
+    def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None: ...
+    def tasks(self) -> dict[str, TaskFactory]: ...
+
+
+def remote_side(settings: VirtualKubeletSettings, provider: KubeClient, view: ProviderView) -> RemoteSide:
+    """The side this identity gives: a tenant's when the settings name a tenant namespace."""
+    if settings.tenant_namespace:
+        return TenantSide(provider, settings=settings, view=view)
+    return AdminSide(provider, settings=settings, view=view)
+
+
+class AdminSide:
+    """A provider admin's view: twins everywhere by owner label; twin namespaces made here."""
+
+    name = "admin"
+
+    def __init__(self, provider: KubeClient, *, settings: VirtualKubeletSettings, view: ProviderView) -> None:
+        self.provider = provider
+        self.consumer_id = settings.consumer_cluster_id
+        self.strategy = settings.namespace_strategy
+        self.view = view
+        self.twins = twin_pods(provider, self.consumer_id, name="provider-twins", settings=settings.watch)
+        self.informers: Sequence[Informer] = [self.twins]
+        self.synced = self.twins.synced
+        self._namespaces: set[str] = set()
+
+    def get(self, key: ObjectKey) -> RawObject | None:
+        return self.twins.get(key)
+
+    def keys(self) -> list[ObjectKey]:
+        return self.twins.keys()
+
+    def values(self) -> list[RawObject]:
+        return self.twins.values()
+
+    def knows(self, key: ObjectKey) -> bool:
+        return self.twins.synced.is_set()
+
+    def twin_namespace_for(self, origin: str) -> str:
+        return twin_namespace(origin, self.consumer_id, strategy=self.strategy)
+
+    async def prepare_namespace(self, origin: str) -> None:
+        name = self.twin_namespace_for(origin)
+        if name in self._namespaces:
+            return
+        body: RawObject = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": name,
+                "labels": ownership_labels(self.consumer_id),
+                "annotations": {ORIGIN_NAMESPACE: origin},
+            },
+        }
+        with contextlib.suppress(AlreadyExists):
+            await self.provider.create(NAMESPACES, body)
+        self._namespaces.add(name)
+
+    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
+        return None  # no tenant quota: nothing waits for one
+
+    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
+        self.twins.add_handler(lambda change: handler(change.key))
+
+    def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:
+        return None  # twin namespaces are named by rule: the map never changes
+
+    def tasks(self) -> dict[str, TaskFactory]:
+        return {"watch-provider-nodes": self.view.watch_nodes, "watch-provider-pods": self.view.watch_pods}
+
+
+class TenantSide:
+    """A tenant's view: twin namespaces the provider made, the grant of one GPUSlice."""
+
+    name = "tenant"
+
+    def __init__(self, provider: KubeClient, *, settings: VirtualKubeletSettings, view: ProviderView) -> None:
+        self.provider = provider
+        self.tenant_namespace = settings.tenant_namespace
+        self.slice_name = settings.slice_name
+        self.settings = settings.watch
+        self.view = view
+        # our twins are all our pods there: they count on the view's nodes as they come
+        self.twins = TwinNamespaces(provider, tenant_namespace=settings.tenant_namespace,
+                                    consumer_id=settings.consumer_cluster_id, on_pod_event=view.handle_pod_in,
+                                    on_synced=view.mark_pods_synced, settings=settings.watch)  # fmt: skip
+        self.informers: Sequence[Informer] = [self.twins.requests]
+        self.synced = self.twins.synced
+
+    def get(self, key: ObjectKey) -> RawObject | None:
+        return self.twins.get(key)
+
+    def keys(self) -> list[ObjectKey]:
+        return self.twins.keys()
+
+    def values(self) -> list[RawObject]:
+        return self.twins.values()
+
+    def knows(self, key: ObjectKey) -> bool:
+        return self.twins.knows(key.namespace or "")
+
+    def twin_namespace_for(self, origin: str) -> str | None:
+        return self.twins.twin_namespace_for(origin)
+
+    async def prepare_namespace(self, origin: str) -> None:
+        return None  # the provider made it, with its quota and RBAC
+
+    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
+        await self.twins.report_demand(origin, demand)
+
+    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
+        self.twins.add_handler(handler)
+
+    def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:
+        self.twins.add_namespaces_handler(handler)
+
+    def tasks(self) -> dict[str, TaskFactory]:
+        return {"watch-twin-namespaces": self.twins.run, "watch-grant": self.watch_grant}
+
+    async def watch_grant(self) -> None:
+        """The per-node grant of our GPUSlice stands for the provider's nodes (which a tenant may
+        not list)."""
+        async for item in watch_objects(self.provider, GPUSLICES, namespace=self.tenant_namespace,
+                                        field_selector=f"metadata.name={self.slice_name}",
+                                        settings=self.settings, retry_permanent=True):  # fmt: skip
+            if isinstance(item, Listed):
+                if not item.keys:
+                    self.view.set_granted_nodes(None)
+            elif item.type == "DELETED":
+                self.view.set_granted_nodes(None)
+            else:
+                self.view.set_granted_nodes(item.object)
