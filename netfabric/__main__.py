@@ -1,8 +1,12 @@
-"""python -m netfabric gateway|agent: the fabric's processes. Flags are read once here.
+"""python -m netfabric gateways|agent|down: the fabric's processes. Flags are read once here.
 
-    python -m netfabric gateway --peer-network NS/NAME --pod-cidr 10.244.0.0/16 \\
-        --service-cidr 10.96.0.0/16 --gateway-ip $POD_IP [--listen-port 51820] [--netns NAME]
+    python -m netfabric gateways [--gateway-ip $POD_IP] [--netns NAME]   # every PeerNetwork's gateway
     python -m netfabric agent --next-hop 10.244.2.5 [--dev veth123] [--namespace NS]
+    python -m netfabric down --peer-network NS/NAME --iface gf... --fwmark ... --route-table ...
+
+The gateways read the cluster's network (pod and service CIDRs, where they run and listen, the
+tunnel MTU) from its declaration, the ConfigMap kube-system/gpuferry-network, and each peer from
+its PeerNetwork.
 """
 
 from __future__ import annotations
@@ -11,20 +15,31 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from kube.clients import KubeClient
-from kube.errors import KubeError
+from kube.declaration import (
+    DECLARATION_NAME,
+    DECLARATION_NAMESPACE,
+    Declaration,
+    DeclarationError,
+    declaration_from_configmap,
+)
+from kube.entrypoints import add_runtime_arguments, probe_settings
+from kube.errors import KubeError, NotFound
 from kube.logs import setup_logging
-from kube.objects import ObjectKey
+from kube.manager import Manager
+from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import ClientSettings, LoggingSettings
 from netfabric.agent import AgentSettings
-from netfabric.app import run_agent, run_gateway
+from netfabric.app import run_agent
 from netfabric.gateway import GatewaySettings, gateway_down, leftovers
+from netfabric.gateways import Gateways, GatewaysSettings, LeftBehind
 from netfabric.ipam import DEFAULT_POOL
-from netfabric.model import ClusterNetwork, NetworkConfigError
+from netfabric.model import NetworkConfigError
 from netfabric.nat import DEFAULT_FWMARK, table_name_for
 from netfabric.wireguard import BackendKind
 
@@ -34,24 +49,18 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
     sub = p.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("gateway", help="the WireGuard gateway towards one peer")
-    g.add_argument("--peer-network", required=True, metavar="NAMESPACE/NAME")
-    g.add_argument("--pod-cidr", action="append", required=True, help="local pod CIDR (repeatable)")
-    g.add_argument("--service-cidr", action="append", default=[], help="local service CIDR (repeatable)")
-    g.add_argument("--gateway-ip", type=IPv4Address, required=True, help="this pod's IP (SNAT source)")
-    g.add_argument("--iface", default="gpuferry0", help="tunnel interface name")
-    g.add_argument("--listen-port", type=int, help="UDP port (server side: behind the NodePort/LB)")
-    g.add_argument("--mtu", type=int, help="tunnel MTU (default: the PeerNetwork's spec.mtu)")
+    g = sub.add_parser("gateways", help="one WireGuard gateway per PeerNetwork of this cluster")
+    g.add_argument("--gateway-ip", type=IPv4Address,
+                   help="the gateways' pod IP, the SNAT source (default: the declaration's gatewayIP)")
+    g.add_argument("--netns", help="network namespace to work in (default: the declaration's gatewayNetns, "
+                                   "else this process's own, as in a gateway pod)")  # fmt: skip
+    g.add_argument("--namespace", help="only PeerNetworks of this namespace (default: all)")
+    g.add_argument("--peer-network", metavar="NAMESPACE/NAME",
+                   help="only the gateway of this PeerNetwork (one process per peer)")
     g.add_argument("--pool", type=IPv4Network, default=DEFAULT_POOL, help="remap pool")
     g.add_argument("--backend", choices=[k.value for k in BackendKind], help="default: detect")
-    g.add_argument("--key-secret", default="gpuferry-gateway-key",
-                   help="Secret (in the PeerNetwork's namespace) holding the private key; made when absent")
-    g.add_argument("--netns", help="network namespace to work in (default: this process's own)")
-    g.add_argument("--fwmark", type=lambda v: int(v, 0), default=DEFAULT_FWMARK,
-                   help="mark of tunnel connections, inside 0x00ff0000 (one per gateway sharing a namespace)")
-    g.add_argument("--route-table", type=int, default=4700,
-                   help="policy routing table and rule priority (one per gateway sharing a namespace)")
     g.add_argument("--status-interval", type=float, default=10.0)
+    add_runtime_arguments(g)
     d = sub.add_parser(
         "down", help="remove a gateway's interface, rule, routes and nft table; exit 1 if any is left"
     )
@@ -84,25 +93,34 @@ async def _down(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
+async def _declaration(client: KubeClient) -> Declaration:
+    try:
+        cm = await client.get(CONFIGMAPS, DECLARATION_NAME, DECLARATION_NAMESPACE)
+    except NotFound:
+        cm = None
+    return declaration_from_configmap(cm, side="this cluster")
+
+
 async def _main(args: argparse.Namespace) -> None:
     async with KubeClient.from_config(args.kubeconfig, settings=ClientSettings.from_env()) as client:
-        if args.command == "gateway":
-            key = ObjectKey.parse(args.peer_network)
-            local = ClusterNetwork.from_strings(args.pod_cidr, args.service_cidr)
-            settings = GatewaySettings(
-                iface=args.iface,
-                gateway_ip=args.gateway_ip,
-                listen_port=args.listen_port,
-                mtu=args.mtu,
-                pool=args.pool,
+        if args.command == "gateways":
+            declaration = await _declaration(client)
+            netns = args.netns or declaration.gateway_netns
+            if netns and not os.path.exists(os.path.join("/run/netns", netns)):  # noqa: ASYNC240 (one stat at start)
+                # pyroute2 would make it: gateways in an empty namespace of their own, reaching nothing
+                raise NetworkConfigError(f"network namespace {netns} does not exist", "gatewayNetns")
+            settings = GatewaysSettings(
+                netns=args.netns, gateway_ip=args.gateway_ip, namespace=args.namespace, pool=args.pool,
+                only=ObjectKey.parse(args.peer_network) if args.peer_network else None,
                 backend=BackendKind(args.backend) if args.backend else None,
-                netns=args.netns,
-                fwmark=args.fwmark,
-                route_table=args.route_table,
-                rule_priority=args.route_table,
-            )
-            await run_gateway(client, key, local=local, settings=settings, key_secret=args.key_secret,
-                              status_interval=args.status_interval)
+                status_interval=args.status_interval,
+            )  # fmt: skip
+            manager = Manager("gateways", probes_settings=probe_settings(args))
+            gateways = Gateways(client, declaration, settings)
+            manager.add_informer(gateways.informer)  # ready once it listed the PeerNetworks
+            manager.add_task("gateways", lambda: gateways.serve(watch=False))
+            with contextlib.suppress(asyncio.CancelledError):
+                await manager.run()
         else:
             await run_agent(client, settings=AgentSettings(next_hop=args.next_hop, dev=args.dev),
                             namespace=args.namespace)
@@ -112,16 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(LoggingSettings.from_env())
     try:
-        if args.command == "gateway" and args.netns and not Path("/run/netns", args.netns).exists():
-            # pyroute2 would make it: a gateway in an empty namespace of its own, reaching nothing
-            raise NetworkConfigError(f"network namespace {args.netns} does not exist", "--netns")
         if args.command == "down":
             if args.netns and not Path("/run/netns", args.netns).exists():
                 print(f"network namespace {args.netns} does not exist: nothing of the gateway can be left")
                 return 0
             return asyncio.run(_down(args))
         asyncio.run(_main(args))
-    except (NetworkConfigError, KubeError) as e:
+    except (NetworkConfigError, DeclarationError, KubeError, LeftBehind) as e:
         logging.getLogger("netfabric").error("%s", e)
         return 1
     except KeyboardInterrupt:

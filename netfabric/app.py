@@ -25,10 +25,11 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Network
 from typing import Any
 
+from kube.api import GATEWAY_PUBLIC_KEY_ANNOTATION
 from kube.clients import KubeClient
 from kube.errors import KubeError
 from kube.logs import object_logger
-from kube.objects import GATEWAY_PUBLIC_KEY_ANNOTATION, ObjectKey, RawObject
+from kube.objects import ObjectKey, RawObject
 from kube.tasks import run_supervised
 from kube.watching import WatchEvent, watch_objects
 from netfabric.agent import AgentSettings, sync_node
@@ -127,6 +128,15 @@ class GatewayRunner:
         self.applied_generation = None
 
 
+def _placement_status(settings: GatewaySettings) -> dict[str, Any]:
+    """What the gateway publishes of where it runs: its interface and, when the peer dials in,
+    the UDP port it listens on (for whoever tells the peer where to dial)."""
+    out: dict[str, Any] = {"interface": settings.iface}
+    if settings.listen_port is not None:
+        out["listenPort"] = settings.listen_port
+    return out
+
+
 async def _watch_latest(
     client: KubeClient, key: ObjectKey, latest: dict[str, RawObject | None], changed: asyncio.Event
 ) -> None:
@@ -207,7 +217,7 @@ async def run_gateway(
                                              annotation=PUBLIC_KEY_ANNOTATION)
                 except KubeError as e:
                     log.warning("annotating the key Secret %s failed: %s", key_secret, e)
-            status = await runner.on_object(obj)
+            status = {**await runner.on_object(obj), **_placement_status(settings)}
             if isinstance(generation, int):  # what the status (and its NetworkReady) is about
                 status = {**status, "observedGeneration": generation}
             # a tunnel applied but not shaken hands yet is looked at every second, so that

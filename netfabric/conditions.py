@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from kube import api
 from netfabric.model import NetworkConfigError, PoolExhausted, Remap
 from netfabric.peerspec import EndpointError
 from netfabric.wgconfig import DeviceState
@@ -28,12 +29,13 @@ __all__ = [
     "status_body",
 ]
 
-NETWORK_READY = "NetworkReady"
+NETWORK_READY = api.NETWORK_READY
 #: WireGuard's REJECT_AFTER_TIME: a session older than this carries no traffic.
 HANDSHAKE_FRESH = timedelta(seconds=180)
 
 
 class Reason(enum.StrEnum):
+    AWAITING_PEER_KEY = "AwaitingPeerKey"
     HANDSHAKE_RECENT = "HandshakeRecent"
     AWAITING_HANDSHAKE = "AwaitingHandshake"
     NO_HANDSHAKE = "NoHandshake"

@@ -86,6 +86,11 @@ async def reconcile_peer(
     """Bring the gateway for this peer to what the object says; returns the status to write."""
     now = datetime.now(UTC)
     existing, last_seen = _previous(obj)
+    if not (obj.get("spec") or {}).get("publicKey"):
+        # the peering fills the peer's key in once the peer's gateway has one: nothing to apply yet
+        condition = Condition(NETWORK_READY, False, Reason.AWAITING_PEER_KEY,
+                              "waiting for the peer gateway's public key (spec.publicKey)")  # fmt: skip
+        return Reconciled({"conditions": [condition.as_dict(now=now)]}, None, condition)
     try:
         spec = peer_spec_from_object(obj)
         endpoint = await resolve_endpoint(spec.endpoint)
