@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kube import api
+from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, VIRTUAL_NODE_TAINT_KEY
+
 __all__ = [
     "BINDING_NAME",
     "OFFLOADING_NAME",
@@ -35,10 +38,9 @@ BINDING_NAME = "gpuferry-offloading"
 OFFLOADING_NAME = "offloading"
 """The name of the one NamespaceOffloading per offloaded namespace (the policy's parameter)."""
 
-TAINT_KEY = "virtual-node.gpuferry.io/not-allowed"
-NODE_TYPE_LABEL = "type"
-NODE_TYPE_VALUE = "virtual-kubelet"
-PROVIDER_LABEL = "gpuferry.io/provider"
+TAINT_KEY = VIRTUAL_NODE_TAINT_KEY
+NODE_TYPE_VALUE = NODE_TYPE_VIRTUAL_KUBELET
+PROVIDER_LABEL = api.PROVIDER_LABEL
 
 _TOLERATION = f'Object.spec.tolerations{{key: "{TAINT_KEY}", operator: "Exists", effect: "NoExecute"}}'
 

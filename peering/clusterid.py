@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import re
 
+from kube import api
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.objects import CONFIGMAPS, NAMESPACES
@@ -26,7 +27,7 @@ __all__ = [
     "ensure_cluster_id",
 ]
 
-SYSTEM_NAMESPACE = "gpuferry-system"
+SYSTEM_NAMESPACE = api.SYSTEM_NAMESPACE
 CLUSTER_ID_CONFIGMAP = "gpuferry-cluster-id"
 MAX_LENGTH = 30
 """Short enough for ``<namespace>-<id>`` twin names and ``gpuferry-tenant-<id>``."""

@@ -27,9 +27,11 @@ from typing import Any
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from kube.api import KUBELET_SERVING_SIGNER, NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET
+
 __all__ = ["SIGNER", "Decision", "Verdict", "decide", "node_of"]
 
-SIGNER = "kubernetes.io/kubelet-serving"
+SIGNER = KUBELET_SERVING_SIGNER
 _ALLOWED_USAGES = {"digital signature", "key encipherment", "server auth"}
 
 
@@ -95,7 +97,7 @@ def decide(
     if node is None:
         return Verdict(Decision.WAIT, f"node {name} is not registered yet")
     labels = (node.get("metadata") or {}).get("labels") or {}
-    if labels.get("type") != "virtual-kubelet":
+    if labels.get(NODE_TYPE_LABEL) != NODE_TYPE_VIRTUAL_KUBELET:
         return Verdict(Decision.DENY, f"node {name} is not registered as a virtual kubelet")
     reported = {str(a.get("address")) for a in (node.get("status") or {}).get("addresses") or []}
     try:

@@ -28,11 +28,12 @@ import yaml
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.kubeconfigs import Connection
-from kube.objects import NAMESPACES, SECRETS, RawObject, meta
+from kube.objects import NAMESPACES, ROLEBINDINGS, ROLES, SECRETS, SERVICEACCOUNTS, RawObject, meta
 
 from .conditions import find_condition
-from .identity.keys import b64, certificate_validity, csr_proof, make_csr, make_private_key, make_token, unb64
+from .identity.keys import b64, certificate_validity, csr_proof, make_csr, make_private_key, unb64
 from .identity.kubeconfigs import build_kubeconfig
+from .provider.builders import TOKEN_SECRET, peering_token_manifests
 from .provider.tenants import csr_name
 from .resources import (
     CONSUMER_NAMESPACE,
@@ -53,8 +54,11 @@ from .waits import PeeringError, Progress, quiet, wait_gone, wait_until
 
 __all__ = [
     "CONSUMER_NAMESPACE",
+    "TOKEN_SECRET",
     "IssuedIdentity",
     "PeeringError",
+    "authenticate",
+    "bootstrap_client",
     "establish_tenant",
     "identity_secret_name",
     "issue_peering_token",
@@ -64,8 +68,6 @@ __all__ = [
     "request_twin_namespace",
     "teardown",
 ]
-
-TOKEN_SECRET = "peering-token"
 
 
 @dataclass(frozen=True)
@@ -90,22 +92,38 @@ async def _ensure_namespace(client: KubeClient, name: str, labels: Mapping[str, 
 # -- authentication -------------------------------------------------------------------------------
 
 
-async def issue_peering_token(provider: KubeClient, consumer_id: str) -> str:
-    """Provider side: the tenant namespace and its peering-token Secret; returns the token
-    (the existing one on a second run)."""
+async def issue_peering_token(provider: KubeClient, consumer_id: str, *, timeout: float = 30.0) -> str:
+    """Provider side (an admin): the tenant namespace and the peering token for ``consumer_id``; returns
+    the token (the existing one on a second run).
+
+    The token belongs to the ServiceAccount ``gpuferry-peering`` of the tenant namespace, whose Role
+    lets it create the consumer's Tenant and read and update that one Tenant: handed to the consumer
+    (with the API server's address and CA), it is all the consumer needs to ask for an identity,
+    which the provider controller issues only for a CSR proven with the same token.
+    """
     ns = tenant_namespace(consumer_id)
-    await _ensure_namespace(provider, ns, {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id})
-    body: RawObject = {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": TOKEN_SECRET, "namespace": ns,
-                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id}},
-        "data": {"token": b64(make_token().encode())},
-    }
-    try:
-        secret = await provider.create(SECRETS, body)
-    except AlreadyExists:
-        secret = await provider.get(SECRETS, TOKEN_SECRET, ns)
+    namespace, *objects, token = peering_token_manifests(consumer_id)
+    with contextlib.suppress(AlreadyExists):
+        await provider.create(NAMESPACES, namespace)
+    for body in objects:
+        kinds = {"ServiceAccount": SERVICEACCOUNTS, "Role": ROLES, "RoleBinding": ROLEBINDINGS}
+        resource = kinds[body["kind"]]
+        await provider.patch(resource, body["metadata"]["name"], body, ns, patch_type="apply",
+                             field_manager="gpuferry-peering", force=True)  # fmt: skip
+    with contextlib.suppress(AlreadyExists):
+        await provider.create(SECRETS, token)
+
+    def filled(secret: RawObject) -> str | None:  # the token controller fills it in
+        return "" if (secret.get("data") or {}).get("token") else None
+
+    secret = await wait_until(provider, SECRETS, TOKEN_SECRET, ns, filled, timeout,
+                              f"the peering token (Secret {ns}/{TOKEN_SECRET})")  # fmt: skip
     return unb64(secret["data"]["token"]).decode()
+
+
+def bootstrap_client(server: str, ca_pem: bytes | None, token: str) -> KubeClient:
+    """A (not yet opened) client of the provider authenticated with the peering token alone."""
+    return KubeClient(Connection(server=server, ca_pem=ca_pem, token=token))
 
 
 async def _consumer_key_and_csr(consumer: KubeClient, consumer_id: str, provider_id: str,
@@ -161,6 +179,45 @@ async def establish_tenant(
 
     Needs the provider controller running. Raises :class:`PeeringError` (refused, timeout).
     """
+    server = provider_server or provider.base_url
+    ca = provider_ca if provider_ca is not None else provider.connection.ca_pem
+    token = await issue_peering_token(provider, consumer_id)
+    progress(f"peering token ready in {tenant_namespace(consumer_id)}")
+    issued = await authenticate(
+        consumer, provider, token=token, consumer_id=consumer_id, provider_id=provider_id, server=server,
+        ca_pem=ca, tls_server_name=provider.connection.tls_server_name, pod_security=pod_security,
+        max_twin_namespaces=max_twin_namespaces, namespace=namespace, renew_within=renew_within,
+        timeout=timeout, progress=progress,
+    )  # fmt: skip
+    assert issued is not None  # it waited
+    return issued
+
+
+async def authenticate(
+    consumer: KubeClient,
+    provider: KubeClient,
+    *,
+    token: str,
+    consumer_id: str,
+    provider_id: str,
+    server: str,
+    ca_pem: bytes | None,
+    tls_server_name: str | None = None,
+    pod_security: str = "baseline",
+    max_twin_namespaces: int | None = None,
+    namespace: str = CONSUMER_NAMESPACE,
+    renew_within: timedelta = timedelta(days=7),
+    timeout: float = 60.0,
+    progress: Progress = quiet,
+    wait: bool = True,
+) -> IssuedIdentity | None:
+    """Consumer side: send the CSR (proven with ``token``) in the Tenant through ``provider`` (the
+    peering token's client, or an admin's), wait for the certificate and store the identity
+    (certificate and kubeconfig for ``server``/``ca_pem``) in the consumer's identity Secret.
+
+    Without ``wait``, returns None instead of waiting when the certificate is not issued yet (a
+    controller looks again when the Tenant changes). Raises :class:`PeeringError` when refused.
+    """
     ns = tenant_namespace(consumer_id)
     secret, key_pem, csr_pem = await _consumer_key_and_csr(consumer, consumer_id, provider_id, namespace)
     data = secret.get("data") or {}
@@ -184,8 +241,6 @@ async def establish_tenant(
                     return IssuedIdentity(str(identity.get("username")), namespace, meta(secret)["name"],
                                           unb64(data["kubeconfig"]).decode(), str(identity.get("notAfter")),
                                           True)
-    token = await issue_peering_token(provider, consumer_id)
-    progress(f"peering token ready in {ns}")
     proof = csr_proof(token, consumer_id, csr_pem)
     spec: dict[str, Any] = {"consumerClusterID": consumer_id, "csr": b64(csr_pem), "csrProof": proof,
                             "peeringTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
@@ -197,10 +252,16 @@ async def establish_tenant(
                                     "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id}},
                        "spec": spec}
     try:
-        await provider.create(TENANTS, body)
-    except AlreadyExists:
+        current: RawObject | None = await provider.get(TENANTS, consumer_id, ns)
+    except NotFound:
+        current = None
+    if current is None:
+        with contextlib.suppress(AlreadyExists):
+            await provider.create(TENANTS, body)
+        progress(f"Tenant {ns}/{consumer_id} submitted with CSR for {consumer_username(consumer_id)}")
+    elif any((current.get("spec") or {}).get(k) != v for k, v in spec.items()):
         await provider.patch(TENANTS, consumer_id, {"spec": spec}, ns)
-    progress(f"Tenant {ns}/{consumer_id} submitted with CSR for {consumer_username(consumer_id)}")
+        progress(f"Tenant {ns}/{consumer_id} submitted with CSR for {consumer_username(consumer_id)}")
 
     wanted_csr = csr_name(consumer_id, csr_pem)
 
@@ -215,20 +276,24 @@ async def establish_tenant(
             return f"the provider refused the peering request: {cond.get('reason')}: {cond.get('message')}"
         return None
 
-    tenant = await wait_until(provider, TENANTS, consumer_id, ns, authenticated, timeout,
-                         f"Tenant {ns}/{consumer_id}")
+    if wait:
+        tenant = await wait_until(provider, TENANTS, consumer_id, ns, authenticated, timeout,
+                                  f"Tenant {ns}/{consumer_id}")  # fmt: skip
+    else:
+        tenant = await provider.get(TENANTS, consumer_id, ns)
+        verdict = authenticated(tenant)
+        if verdict is None:
+            return None
+        if verdict:
+            raise PeeringError(verdict)
     identity = tenant["status"]["identity"]
     cert_pem = unb64(identity["certificate"])
     kubeconfig = build_kubeconfig(
-        server=provider_server or provider.base_url,
-        ca_pem=provider_ca if provider_ca is not None else provider.connection.ca_pem,
-        cert_pem=cert_pem, key_pem=key_pem, cluster_name=f"gpuferry-{provider_id}",
-        user=identity["username"], tls_server_name=provider.connection.tls_server_name,
-    )
-    ca = provider_ca if provider_ca is not None else provider.connection.ca_pem or b""
+        server=server, ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
+        cluster_name=f"gpuferry-{provider_id}", user=identity["username"], tls_server_name=tls_server_name,
+    )  # fmt: skip
     patch = {"data": {"tls.crt": identity["certificate"], "kubeconfig": b64(kubeconfig.encode()),
-                      "ca.crt": b64(ca),
-                      "server": b64((provider_server or provider.base_url).encode())}}
+                      "ca.crt": b64(ca_pem or b""), "server": b64(server.encode())}}
     await consumer.patch(SECRETS, meta(secret)["name"], patch, namespace)
     progress(f"issued {identity['username']} until {identity.get('notAfter')}; "
              f"kubeconfig in {namespace}/{meta(secret)['name']}")

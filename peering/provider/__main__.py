@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import logging
 
 from kube.clients import KubeClient
+from kube.entrypoints import add_runtime_arguments, leader_election_settings, probe_settings
+from kube.leaderelection import LostLeadership
 from kube.logs import setup_logging
 from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
 
@@ -20,11 +22,15 @@ async def _main(args: argparse.Namespace) -> None:
                                       settings=ClientSettings.from_env()) as client:
         if args.install_crds:
             await ensure_crds(client)
+        leader = leader_election_settings(args)
         settings = ProviderSettings(
-            certificate_seconds=args.certificate_seconds, lease_namespace=args.lease_namespace,
+            certificate_seconds=args.certificate_seconds,
+            leader_elect=leader.enabled, lease_namespace=leader.namespace, lease_name=leader.name,
+            lease_seconds=leader.lease_seconds, renew_seconds=leader.renew_seconds,
             queue=QueueSettings.from_env(workers=args.workers), watch=WatchSettings.from_env(),
-        )
-        await run_provider(client, settings=settings)
+            probes=probe_settings(args),
+        )  # fmt: skip
+        await run_provider(client, settings=settings, handle_signals=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     defaults = ProviderSettings()
     parser.add_argument("--certificate-seconds", type=int, default=defaults.certificate_seconds,
                         help="lifetime asked for issued client certificates (default: 30 days)")
-    parser.add_argument("--lease-namespace", default=defaults.lease_namespace,
-                        help="namespace of the leader-election Lease (default: gpuferry-system)")
     parser.add_argument("--workers", type=int, default=defaults.queue.workers,
                         help="workers per work queue")
+    add_runtime_arguments(parser, lease_name=defaults.lease_name)
     args = parser.parse_args(argv)
     setup_logging(LoggingSettings.from_env())
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         asyncio.run(_main(args))
+    except LostLeadership as exc:  # a standby leads now; exit so that this one starts over as one
+        logging.getLogger("peering.provider").error("%s; exiting", exc)
+        return 1
     return 0
 
 

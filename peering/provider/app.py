@@ -1,4 +1,4 @@
-"""The provider controller: watches → queues → reconcilers, as supervised root tasks.
+"""The provider controller: informers → queues → reconcilers, on a :class:`kube.manager.Manager`.
 
 Three queues, each with its reconciler:
 
@@ -6,22 +6,33 @@ Three queues, each with its reconciler:
 * ``pool`` (one key): every grant decision, serialized;
 * ``twins`` (key: a tenant namespace): twin namespaces, quotas, their RBAC.
 
-``run_provider(client)`` waits to hold the leader Lease (:mod:`.leader`), then runs until
-cancelled, until a root task fails, or until it loses the Lease.
+``run_provider(client)`` keeps its informers warm, waits to hold the leader Lease, then reconciles
+until cancelled, stopped, or until it loses the Lease; ``/healthz``, ``/readyz`` and ``/metrics``
+are served throughout (:mod:`kube.manager`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Coroutine
-from typing import Any
 
 from kube.clients import KubeClient
-from kube.objects import CSRS, NAMESPACES, NODES, PODS, RESOURCEQUOTAS, ObjectKey, RawObject, labels, meta
+from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
+from kube.informers import Change, Informer
+from kube.manager import Controller, Manager
+from kube.objects import (
+    CONFIGMAPS,
+    CSRS,
+    NAMESPACES,
+    NODES,
+    PEERNETWORKS,
+    PODS,
+    RESOURCEQUOTAS,
+    ObjectKey,
+    labels,
+    meta,
+)
 from kube.queueing import KeyedQueue
-from kube.reconciling import run_workers
-from kube.tasks import run_supervised
-from kube.watching import Listed, watch_objects
+from kube.settings import LeaderElectionSettings
 
 from ..resources import (
     GPUSLICES,
@@ -34,109 +45,130 @@ from ..resources import (
     TENANTS,
     tenant_namespace,
 )
-from .cache import Cache
-from .leader import LeaderElector
+from .networks import TenantNetworkReconciler
 from .settings import ProviderSettings
 from .slices import POOL, PoolReconciler, project_node, project_pod
 from .tenants import ANNOTATION_TENANT, TenantReconciler
 from .twins import TwinReconciler
 
-__all__ = ["run_provider"]
+__all__ = ["build_provider", "run_provider"]
 
 logger = logging.getLogger(__name__)
 
 
-async def _feed(client: KubeClient, resource: Any, on_change: Any, *, label_selector: str | None = None,
-                settings: ProviderSettings) -> None:
-    async for item in watch_objects(client, resource, label_selector=label_selector, settings=settings.watch):
-        if isinstance(item, Listed):
-            for key in item.keys:
-                on_change({"metadata": {"name": key.name, "namespace": key.namespace}})
-            continue
-        on_change(item.object)
-
-
-async def run_provider(client: KubeClient, *, settings: ProviderSettings | None = None) -> None:
-    """Run the provider controller with ``client`` (an admin of the provider) until cancelled."""
+def build_provider(client: KubeClient, *, settings: ProviderSettings | None = None) -> Manager:
+    """The provider controller as a :class:`kube.manager.Manager` (not yet running)."""
     settings = settings or ProviderSettings()
+    watch = settings.watch
     tenants_q: KeyedQueue[ObjectKey] = KeyedQueue("tenants", settings=settings.queue)
     pool_q: KeyedQueue[str] = KeyedQueue("pool", settings=settings.queue)
     twins_q: KeyedQueue[str] = KeyedQueue("twins", settings=settings.queue)
+    networks_q: KeyedQueue[ObjectKey] = KeyedQueue("tenant_networks", settings=settings.queue)
+    managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
-    nodes = Cache(NODES, project=project_node)
-    pods = Cache(PODS, project=project_pod)
-    slices = Cache(GPUSLICES)
-    twin_namespaces = Cache(NAMESPACES, label_selector=LABEL_ORIGIN_NAMESPACE,
-                            project=lambda ns: {"metadata": {"name": meta(ns)["name"],
-                                                             "labels": labels(ns)}})
+    nodes = Informer(client, NODES, project=project_node, settings=watch)
+    # twin pods too: those placed beyond their tenant's reservation occupy their node
+    pods = Informer(client, PODS, project=project_pod, settings=watch)
+    slices = Informer(client, GPUSLICES, settings=watch)
+    twin_namespaces = Informer(
+        client, NAMESPACES, name="twin-namespaces", label_selector=LABEL_ORIGIN_NAMESPACE, settings=watch,
+        project=lambda ns: {"metadata": {"name": meta(ns)["name"], "labels": labels(ns)}},
+    )  # fmt: skip
+    tenants = Informer(client, TENANTS, settings=watch)
+    csrs = Informer(client, CSRS, label_selector=managed, settings=watch,
+                    project=lambda o: {"metadata": meta(o)})  # fmt: skip
+    offloadings = Informer(client, NAMESPACEOFFLOADINGS, settings=watch)
+    quotas = Informer(client, RESOURCEQUOTAS, label_selector=managed, settings=watch)
+    peer_networks = Informer(client, PEERNETWORKS, settings=watch)
+    declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
+                           field_selector=f"metadata.name={DECLARATION_NAME}", settings=watch)  # fmt: skip
 
-    def pool_changed(_: RawObject) -> None:
+    def pool_changed(_: Change) -> None:
         pool_q.add_after(POOL, 0.1)  # batch bursts of pod events into one pass
 
     def tenant_ns_changed(namespace: str | None) -> None:
         if namespace and namespace.startswith(TENANT_NAMESPACE_PREFIX):
             twins_q.add(namespace)
 
-    def slice_changed(obj: RawObject) -> None:
-        pool_changed(obj)
-        tenant_ns_changed(meta(obj).get("namespace"))
+    def slice_changed(change: Change) -> None:
+        pool_changed(change)
+        tenant_ns_changed(change.key.namespace)
 
-    def twin_ns_changed(ns: RawObject) -> None:
-        tenant = labels(ns).get(LABEL_TENANT)
+    def twin_ns_changed(change: Change) -> None:
+        tenant = labels(change.object).get(LABEL_TENANT)
         if tenant:
             tenant_ns_changed(tenant_namespace(tenant))
-        pool_changed(ns)
+        pool_changed(change)
 
-    def quota_changed(quota: RawObject) -> None:
-        tenant = labels(quota).get(LABEL_TENANT)
+    def quota_changed(change: Change) -> None:
+        tenant = labels(change.object).get(LABEL_TENANT)
         if tenant:
             tenant_ns_changed(tenant_namespace(tenant))
 
-    def tenant_changed(obj: RawObject) -> None:
-        key = ObjectKey.of(obj)
-        tenants_q.add(key)
-        tenant_ns_changed(key.namespace)
+    def tenant_changed(change: Change) -> None:
+        tenants_q.add(change.key)
+        networks_q.add(change.key)
+        tenant_ns_changed(change.key.namespace)
 
-    def csr_changed(obj: RawObject) -> None:
-        found = (meta(obj).get("annotations") or {}).get(ANNOTATION_TENANT)
+    def peer_network_changed(change: Change) -> None:
+        if (change.key.namespace or "").startswith(TENANT_NAMESPACE_PREFIX):
+            networks_q.add(change.key)  # named after its consumer, beside its Tenant
+
+    def declaration_changed(_: Change) -> None:
+        for key in tenants:
+            networks_q.add(key)
+
+    def csr_changed(change: Change) -> None:
+        found = (meta(change.object).get("annotations") or {}).get(ANNOTATION_TENANT)
         if found:
             tenants_q.add(ObjectKey.parse(found))
 
-    managed = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
-    roots: dict[str, Coroutine[Any, Any, Any]] = {
-        "watch-nodes": nodes.run(client, pool_changed, settings=settings.watch),
-        # twin pods too: those placed beyond their tenant's reservation occupy their node
-        "watch-pods": pods.run(client, pool_changed, settings=settings.watch),
-        "watch-gpuslices": slices.run(client, slice_changed, settings=settings.watch),
-        "watch-twin-namespaces": twin_namespaces.run(client, twin_ns_changed, settings=settings.watch),
-        "watch-tenants": _feed(client, TENANTS, tenant_changed, settings=settings),
-        "watch-csrs": _feed(client, CSRS, csr_changed, label_selector=managed, settings=settings),
-        "watch-namespaceoffloadings": _feed(client, NAMESPACEOFFLOADINGS,
-                                            lambda o: tenant_ns_changed(meta(o).get("namespace")),
-                                            settings=settings),
-        "watch-quotas": _feed(client, RESOURCEQUOTAS, quota_changed, label_selector=managed,
-                              settings=settings),
-        "reconcile-tenants": run_workers(tenants_q, TenantReconciler(client, settings=settings),
-                                         logger=logger, kind="Tenant"),
-        "reconcile-pool": run_workers(pool_q, PoolReconciler(client, nodes=nodes, pods=pods, slices=slices,
-                                                             twins=twin_namespaces, settings=settings),
-                                      logger=logger, kind="GPUPool"),
-        "reconcile-twins": run_workers(twins_q, TwinReconciler(client, settings=settings),
-                                       logger=logger, kind="TenantNamespace"),
-    }
-    elector = LeaderElector(client, settings.lease_namespace, settings.lease_name,
-                            lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds)
-    try:
-        await elector.acquire()
-    except BaseException:
-        for coro in roots.values():
-            coro.close()
-        raise
-    roots["leader-lease"] = elector.keep()
-    logger.info("provider controller running against %s", client.base_url)
-    try:
-        await run_supervised(roots, logger=logger)
-    finally:
-        for queue in (tenants_q, twins_q):
-            queue.shutdown()
-        pool_q.shutdown()
+    nodes.add_handler(pool_changed)
+    pods.add_handler(pool_changed)
+    slices.add_handler(slice_changed)
+    twin_namespaces.add_handler(twin_ns_changed)
+    tenants.add_handler(tenant_changed)
+    csrs.add_handler(csr_changed)
+    offloadings.add_handler(lambda change: tenant_ns_changed(change.key.namespace))
+    quotas.add_handler(quota_changed)
+    peer_networks.add_handler(peer_network_changed)
+    declaration.add_handler(declaration_changed)
+
+    manager = Manager(
+        "provider",
+        client=client,
+        probes_settings=settings.probes,
+        leader_election=LeaderElectionSettings(
+            enabled=settings.leader_elect, namespace=settings.lease_namespace, name=settings.lease_name,
+            lease_seconds=settings.lease_seconds, renew_seconds=settings.renew_seconds,
+        ),
+        drain_timeout=settings.queue.drain_timeout,
+    )  # fmt: skip
+    for informer in (csrs, offloadings, quotas, declaration):
+        manager.add_informer(informer)
+    tenant_reconciler = TenantReconciler(client, settings=settings)
+    manager.add_controller(
+        Controller("tenants", tenants_q, tenant_reconciler, kind="Tenant", informers=[tenants], logger=logger)
+    )
+    pool = PoolReconciler(client, nodes=nodes, pods=pods, slices=slices, twins=twin_namespaces,
+                          settings=settings)  # fmt: skip
+    pool_informers = [nodes, pods, slices, twin_namespaces]
+    manager.add_controller(
+        Controller("pool", pool_q, pool, kind="GPUPool", informers=pool_informers, logger=logger)
+    )
+    twins = TwinReconciler(client, settings=settings)
+    manager.add_controller(Controller("twins", twins_q, twins, kind="TenantNamespace", logger=logger))
+    networks = TenantNetworkReconciler(client, peer_networks=peer_networks, settings=settings)
+    manager.add_controller(Controller("tenant_networks", networks_q, networks, kind="Tenant",
+                                      informers=[tenants, peer_networks], logger=logger))  # fmt: skip
+    return manager
+
+
+async def run_provider(
+    client: KubeClient, *, settings: ProviderSettings | None = None, handle_signals: bool = False
+) -> None:
+    """Run the provider controller with ``client`` (an admin of the provider) until cancelled,
+    stopped (SIGTERM with ``handle_signals``), or until it loses its Lease."""
+    manager = build_provider(client, settings=settings)
+    logger.info("provider controller starting against %s", client.base_url)
+    await manager.run(handle_signals=handle_signals)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
+from kube.api import GPU_RESOURCE
 from kube.quantities import (
     ResourceList,
     format_resource_list,
@@ -51,7 +52,7 @@ __all__ = [
     "slice_status",
 ]
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 _MILLI = Decimal("0.001")
 _GFD_PREFIX = "nvidia.com/"
 _TERMINAL = frozenset({"Succeeded", "Failed"})

@@ -24,13 +24,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from decimal import ROUND_FLOOR, Decimal
 
+from kube.api import GPU_RESOURCE
 from kube.quantities import ResourceList
 
 __all__ = ["ALWAYS_LIMITED", "FIXED_LIMITS", "lowering_step", "needs_lowering", "partition", "quota_key",
            "quota_totals"]
 
 _MILLI = Decimal("0.001")
-ALWAYS_LIMITED = ("nvidia.com/gpu", "cpu", "memory", "pods")
+ALWAYS_LIMITED = (GPU_RESOURCE, "cpu", "memory", "pods")
 FIXED_LIMITS: dict[str, Decimal] = {"services.nodeports": Decimal(0), "services.loadbalancers": Decimal(0)}
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kube.settings import QueueSettings, WatchSettings
+from kube.api import SYSTEM_NAMESPACE
+from kube.settings import ProbeSettings, QueueSettings, WatchSettings
 
 __all__ = ["ProviderSettings"]
 
@@ -21,7 +22,9 @@ class ProviderSettings:
     """Every Tenant and the GPU pool are reconciled again after this long, changes or not."""
     quota_sync_retry: float = 0.5
     """How soon to look again while the quota controller has not synced a lowered quota."""
-    lease_namespace: str = "gpuferry-system"
+    leader_elect: bool = True
+    """Act only while holding the Lease (off: a single replica that never waits)."""
+    lease_namespace: str = SYSTEM_NAMESPACE
     """Namespace of the leader-election Lease (created when missing)."""
     lease_name: str = "gpuferry-provider"
     """Only the controller holding this Lease reconciles."""
@@ -33,3 +36,5 @@ class ProviderSettings:
     """Work queues (workers per queue, backoff)."""
     watch: WatchSettings = field(default_factory=WatchSettings)
     """Watches (timeouts, backoff)."""
+    probes: ProbeSettings = field(default_factory=lambda: ProbeSettings(port=-1))
+    """Where ``/healthz``, ``/readyz`` and ``/metrics`` are served (in-process: nowhere)."""

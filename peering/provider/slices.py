@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
 from kube.errors import Conflict, KubeError, NotFound
+from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import gauge
 from kube.objects import ObjectKey, RawObject, labels, meta
@@ -23,7 +25,6 @@ from kube.reconciling import Requeue
 
 from ..conditions import set_condition
 from ..resources import GPUSLICES, LABEL_TENANT
-from .cache import Cache
 from .events import record_event
 from .planning import Decision, allocate, free_capacity, reservations_of, slice_request, slice_status
 from .settings import ProviderSettings
@@ -69,8 +70,8 @@ def project_pod(pod: RawObject) -> RawObject:
 class PoolReconciler:
     """Decides all slices from the caches and writes the statuses that changed."""
 
-    def __init__(self, client: KubeClient, *, nodes: Cache, pods: Cache, slices: Cache, twins: Cache,
-                 settings: ProviderSettings) -> None:
+    def __init__(self, client: KubeClient, *, nodes: Informer, pods: Informer, slices: Informer,
+                 twins: Informer, settings: ProviderSettings) -> None:
         self.client = client
         self.nodes, self.pods, self.slices, self.twins = nodes, pods, slices, twins
         self.settings = settings
@@ -121,7 +122,7 @@ class PoolReconciler:
             # one bad status must not stop the decisions of the other slices
             log.error("cannot write the decision (%s, permanent): %s", decision.phase, exc)
             return
-        self.slices.objects[ObjectKey.of(written)] = written
+        self.slices.store[ObjectKey.of(written)] = written
         log.info("%s: %s (granted %s)", decision.phase, decision.message, status["granted"] or "nothing")
         if (old_status.get("phase"), old_status.get("granted")) != (decision.phase, status["granted"]):
             granted = ", ".join(f"{k}={v}" for k, v in status["granted"].items()) or "nothing"
@@ -131,7 +132,7 @@ class PoolReconciler:
 
 
 def _publish(family: Any, amounts: dict[str, Any]) -> None:
-    for res in ("nvidia.com/gpu", "cpu", "memory", "pods"):
+    for res in (GPU_RESOURCE, "cpu", "memory", "pods"):
         family.labels(res).set(float(amounts.get(res, 0)))
 
 

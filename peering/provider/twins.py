@@ -24,6 +24,7 @@ import logging
 from decimal import Decimal
 from typing import Any
 
+from kube import api
 from kube.clients import KubeClient
 from kube.errors import NotFound, TemporaryError
 from kube.logs import object_logger
@@ -68,7 +69,7 @@ FINALIZER = "offloading.gpuferry.io/twin-namespace"
 _GRANTED = frozenset({"Granted", "PartiallyGranted"})
 
 
-DEMAND_ANNOTATION = "gpuferry.io/demand"
+DEMAND_ANNOTATION = api.DEMAND_ANNOTATION
 """On a twin-namespace request: what pods waiting for quota there need (JSON resource list),
 written by the consumer's virtual kubelet; the partition serves it first."""
 
