@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -29,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kube.api import VirtualKubeletExit
+from kube.backoff import Backoff
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.logs import object_logger
@@ -41,9 +45,9 @@ __all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor"]
 logger = logging.getLogger(__name__)
 
 
-EXIT_GONE = 0
-EXIT_INVALID = 2
-EXIT_CHANGED = 75
+EXIT_GONE = VirtualKubeletExit.GONE
+EXIT_INVALID = VirtualKubeletExit.INVALID
+EXIT_CHANGED = VirtualKubeletExit.CHANGED
 
 _RUNNING = gauge("virtual_kubelets_running", "Virtual kubelet processes running.")
 _STARTS = counter("virtual_kubelet_starts", "Virtual kubelet processes started, by why.", ["why"])
@@ -75,9 +79,12 @@ def _now() -> str:
 class _Child:
     """The process loop of one VirtualNode."""
 
-    def __init__(self, supervisor: VirtualNodeSupervisor, key: ObjectKey, generation: int | None) -> None:
+    def __init__(
+        self, supervisor: VirtualNodeSupervisor, key: ObjectKey, uid: str | None, generation: int | None
+    ) -> None:
         self.supervisor = supervisor
         self.key = key
+        self.uid = uid
         self.generation = generation
         self.log = object_logger(logger, "VirtualNode", key)
         self.proc: asyncio.subprocess.Process | None = None
@@ -99,21 +106,21 @@ class _Child:
         return None if log_dir is None else log_dir / f"{self.key.namespace}.{self.key.name}.log"
 
     async def _loop(self) -> None:
-        failures, why = 0, "new"
+        restarts, why = Backoff(base=1.0, cap=self.supervisor.settings.max_backoff), "new"
         while True:
             code, tail = await self._run_once(why)
             if code == EXIT_GONE:
                 self.log.info("virtual kubelet ended: its VirtualNode is gone")
                 return
             if code == EXIT_CHANGED:
-                failures, why = 0, "changed"
+                why = "changed"
+                restarts.reset()
                 continue
             if code == EXIT_INVALID:
                 self.log.error("virtual kubelet cannot run this VirtualNode: %s", tail)
                 await self.supervisor.set_status(self.key, "Failed", "False", "InvalidVirtualNode", tail)
                 return  # until the object changes (a new child is started then)
-            failures += 1
-            delay = min(2.0 ** (failures - 1), self.supervisor.settings.max_backoff)
+            delay = restarts.next()
             self.log.warning("virtual kubelet exited %s; restarting in %.0fs: %s", code, delay, tail)
             await self.supervisor.set_status(
                 self.key,
@@ -134,7 +141,7 @@ class _Child:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self._command(), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
-                env={**os.environ},
+                env={**os.environ}, preexec_fn=_die_with_parent,
             )  # fmt: skip
             _STARTS.labels(why).inc()
             _RUNNING.inc()
@@ -164,6 +171,15 @@ class _Child:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the supervising process dies, however it dies
+    (SIGKILL included). A standby that takes over then never finds a second kubelet for a node."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _free_port() -> int:
@@ -216,9 +232,10 @@ class VirtualNodeSupervisor:
         child = self.children.get(key)
         if child is not None and not child.task.done():
             return  # running: a spec change makes the kubelet exit 75 and start again
-        if child is not None and child.generation == meta.get("generation"):
-            return  # ended (failed or gone) and nothing changed since
-        self.children[key] = _Child(self, key, meta.get("generation"))
+        if child is not None and (child.uid, child.generation) == (meta.get("uid"), meta.get("generation")):
+            return  # ended (failed or gone) and nothing changed since; a new object of the same name
+            # (deleted, then made again: generation 1 again) is not the one that ended
+        self.children[key] = _Child(self, key, meta.get("uid"), meta.get("generation"))
 
     async def _forget(self, key: ObjectKey) -> None:
         child = self.children.pop(key, None)

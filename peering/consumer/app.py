@@ -1,38 +1,155 @@
-"""The consumer agent, as supervised tasks: the VirtualNode supervisor, the grant follower, the
-gateway key exchange and the approver of the virtual kubelets' serving certificates."""
+"""The consumer agent on a :class:`kube.manager.Manager`.
+
+Controllers, each while this replica holds the agent's Lease:
+
+* ``foreign_clusters`` (:mod:`.foreignclusters`): a peering per ForeignCluster of a provider —
+  identity, GPU slice, VirtualNode, network — woken by its objects here and by a watch of its
+  Tenant and GPUSlice on the provider;
+* ``namespace_offloadings`` (:mod:`.offloadings`): offloaded namespaces and their twin namespaces;
+
+and tasks: one virtual kubelet per VirtualNode (:mod:`peering.virtualnodes`), and the approver
+of their serving certificates (:mod:`.csrs`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
+from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, PROVIDER_LABEL, SYSTEM_NAMESPACE
 from kube.clients import KubeClient
-from kube.tasks import run_supervised
+from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
+from kube.informers import Change, Informer
+from kube.manager import Controller, Manager
+from kube.objects import CONFIGMAPS, FOREIGNCLUSTERS, NODES, PEERNETWORKS, VIRTUALNODES, ObjectKey, labels
+from kube.queueing import KeyedQueue
+from kube.settings import LeaderElectionSettings, ProbeSettings, QueueSettings
 
+from ..admission import OFFLOADING_NAME
+from ..clusterid import CLUSTER_ID_CONFIGMAP
+from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
-from .grants import GrantFollower
-from .keys import KeyExchange
+from .foreignclusters import ForeignClusterReconciler
+from .offloadings import NamespaceOffloadingReconciler
+from .providers import ProviderClients, ProviderWatches
+
+__all__ = ["LEASE_NAME", "build_consumer"]
+
+logger = logging.getLogger(__name__)
+
+LEASE_NAME = "gpuferry-consumer"
 
 
-async def run_consumer(
+def build_consumer(
     client: KubeClient,
     *,
     kubeconfig: Path | None,
     namespace: str | None,
     log_dir: Path | None,
     kubelet_self_approve: bool = False,
-) -> None:
+    probes: ProbeSettings | None = None,
+    leader_election: LeaderElectionSettings | None = None,
+    queue: QueueSettings | None = None,
+) -> Manager:
+    system = namespace or SYSTEM_NAMESPACE
+    queue = queue or QueueSettings(workers=4)
+    fc_q: KeyedQueue[ObjectKey] = KeyedQueue("foreign_clusters", settings=queue)
+    no_q: KeyedQueue[ObjectKey] = KeyedQueue("namespace_offloadings", settings=queue)
+
+    foreign_clusters = Informer(client, FOREIGNCLUSTERS)
+    virtual_node_objects = Informer(client, VIRTUALNODES, namespace=system)
+    nodes = Informer(client, NODES, name="virtual-nodes",
+                     label_selector=f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}")  # fmt: skip
+    peer_networks = Informer(client, PEERNETWORKS, namespace=system)
+    offloadings = Informer(client, NAMESPACEOFFLOADINGS, field_selector=f"metadata.name={OFFLOADING_NAME}")
+    cluster_id = Informer(client, CONFIGMAPS, name="cluster-id", namespace=system,
+                          field_selector=f"metadata.name={CLUSTER_ID_CONFIGMAP}")  # fmt: skip
+    declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
+                           field_selector=f"metadata.name={DECLARATION_NAME}")  # fmt: skip
+
+    def peering(provider_id: str | None) -> None:
+        if provider_id:
+            fc_q.add(ObjectKey(None, provider_id))
+
+    def every_peering(_: Change) -> None:
+        for key in foreign_clusters:
+            fc_q.add(key)
+
+    def every_offloading(_: Change) -> None:
+        for key in offloadings:
+            no_q.add(key)
+
+    def node_changed(change: Change) -> None:
+        peering(labels(change.object).get(PROVIDER_LABEL))
+        every_offloading(change)  # which providers a namespace may use depends on their nodes
+
+    foreign_clusters.add_handler(lambda change: fc_q.add(change.key))
+    virtual_node_objects.add_handler(lambda change: peering(change.key.name))
+    nodes.add_handler(node_changed)
+    peer_networks.add_handler(lambda change: peering(change.key.name))
+    offloadings.add_handler(lambda change: no_q.add(change.key))
+    cluster_id.add_handler(every_peering)
+    declaration.add_handler(every_peering)
+
+    clients = ProviderClients()
+    watches = ProviderWatches(on_change=peering)
+    peerings = ForeignClusterReconciler(
+        client,
+        foreign_clusters=foreign_clusters,
+        virtual_nodes=virtual_node_objects,
+        nodes=nodes,
+        peer_networks=peer_networks,
+        clients=clients,
+        watches=watches,
+    )
+    offloaded = NamespaceOffloadingReconciler(client, virtual_nodes=nodes, clients=clients)
+
+    manager = Manager(
+        "consumer",
+        client=client,
+        probes_settings=probes or ProbeSettings(port=-1),
+        leader_election=leader_election or LeaderElectionSettings(enabled=False, name=LEASE_NAME),
+    )
+    for informer in (cluster_id, declaration):
+        manager.add_informer(informer)
+    manager.add_controller(
+        Controller(
+            "foreign_clusters",
+            fc_q,
+            peerings,
+            kind="ForeignCluster",
+            logger=logger,
+            informers=[foreign_clusters, virtual_node_objects, nodes, peer_networks],
+        )
+    )
+    manager.add_controller(
+        Controller(
+            "namespace_offloadings",
+            no_q,
+            offloaded,
+            kind="NamespaceOffloading",
+            logger=logger,
+            informers=[offloadings, nodes],
+        )
+    )
     settings = SupervisorSettings(
         consumer_kubeconfig=kubeconfig,
         namespace=namespace,
         log_dir=log_dir,
         kubelet_self_approve=kubelet_self_approve,
     )
-    roots = {
-        "virtual_kubelets": VirtualNodeSupervisor(client, settings).run(),
-        "follow_grants": GrantFollower(client, namespace).run(),
-        "exchange_gateway_keys": KeyExchange(client, namespace).run(),
-    }
+    manager.add_task("virtual-kubelets", VirtualNodeSupervisor(client, settings).run)
     if not kubelet_self_approve:  # the agent checks and approves its kubelets' serving certificates
-        roots["approve_kubelet_csrs"] = KubeletCsrApprover(client, namespace).run()
-    await run_supervised(roots)
+        manager.add_task("approve-kubelet-csrs", KubeletCsrApprover(client, namespace).run)
+
+    async def close_provider_clients() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await watches.close()
+            await clients.close()
+
+    manager.add_task("provider-clients", close_provider_clients, leader_only=False)
+    return manager

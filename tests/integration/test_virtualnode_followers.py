@@ -1,18 +1,15 @@
-"""The consumer agent's per-VirtualNode followers (grant, gateway keys) outlive what is missing on
-the provider for a while (a CRD not installed yet, an object not made yet: real 404s) and end only
-when their VirtualNode goes."""
+"""The consumer agent's watches of each provider (its Tenant and GPUSlice, which wake the
+ForeignCluster's controller) outlive what is missing on the provider for a while (a CRD not
+installed yet, an object not made yet: real 404s) and end only when the peering goes."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-from typing import Any
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
-from kube.objects import SECRETS, VIRTUALNODES, ObjectKey, Resource
-from peering.consumer.grants import PerVirtualNode
-from peering.crds import ensure_crds
+from kube.objects import CONFIGMAPS, Resource
+from peering.consumer.providers import ProviderWatches
 
 from .conftest import NamespaceFactory
 
@@ -20,49 +17,26 @@ from .conftest import NamespaceFactory
 MISSING = Resource("notinstalled.gpuferry.io", "v1", "widgets", "Widget", namespaced=True)
 
 
-class Probe(PerVirtualNode):
-    task_name = "probe_missing_crd"
-
-    def __init__(self, consumer: KubeClient, namespace: str) -> None:
-        super().__init__(consumer, namespace)
-        self.attempts = 0
-        self.retried = asyncio.Event()
-
-    async def follow(self, key: ObjectKey, spec: dict[str, Any], tenant: KubeClient, log: Any) -> None:
-        self.attempts += 1
-        if self.attempts == 3:  # retried with backoff (0.5 s, 1 s, …), not given up
-            self.retried.set()
-        await tenant.list(MISSING, spec["tenantNamespace"])
-
-
-async def test_a_follower_retries_a_missing_crd_and_ends_with_its_virtual_node(
-    provider: LocalCluster, consumer_client: KubeClient, make_namespace: NamespaceFactory
+async def test_a_provider_watch_retries_a_missing_crd_and_ends_only_when_stopped(
+    provider: LocalCluster, provider_client: KubeClient, make_namespace: NamespaceFactory
 ) -> None:
-    await ensure_crds(consumer_client)
-    ns = await make_namespace(consumer_client)
-    kubeconfig = base64.b64encode(provider.spec.kubeconfig.read_bytes()).decode()
-    await consumer_client.create(SECRETS, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "id"},
-                                           "data": {"kubeconfig": kubeconfig}}, ns)  # fmt: skip
-    vn = {
-        "apiVersion": VIRTUALNODES.api_version,
-        "kind": VIRTUALNODES.kind,
-        "metadata": {"name": "farm"},
-        "spec": {"providerClusterID": "farm", "consumerClusterID": "eu", "nodeName": "gpuferry-farm",
-                 "sliceName": "s", "tenantNamespace": "gpuferry-tenant-eu",
-                 "resources": {"nvidia.com/gpu": 1},
-                 "kubeconfigSecretRef": {"name": "id", "key": "kubeconfig"}},
-    }  # fmt: skip
-    await consumer_client.create(VIRTUALNODES, vn, ns)
-    probe = Probe(consumer_client, ns)
-    runner = asyncio.create_task(probe.run())
-    try:
-        await asyncio.wait_for(probe.retried.wait(), 30)
-        (task,) = probe.tasks.values()
-        assert not task.done()
-        await consumer_client.delete(VIRTUALNODES, "farm", ns)
-        # the VirtualNode's deletion ends its follower
-        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
-        assert task.cancelled() and not probe.tasks
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
+    ns = await make_namespace(provider_client)
+    woken: list[str] = []
+    watches = ProviderWatches(on_change=woken.append)
+    async with KubeClient.from_kubeconfig(provider.spec.kubeconfig) as tenant:
+        watches.ensure("farm", tenant, ns, [(MISSING, "w"), (CONFIGMAPS, "appears-later")])
+        await asyncio.sleep(3)  # several 404s on the missing CRD, retried with backoff
+        assert watches.running("farm"), "a missing CRD ended the watch"
+        # what it follows comes into being: the controller is woken
+        await provider_client.create(CONFIGMAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                  "metadata": {"name": "appears-later"}}, ns)  # fmt: skip
+        for _ in range(100):
+            if woken:
+                break
+            await asyncio.sleep(0.1)
+        assert woken and set(woken) == {"farm"}
+        # the same client again changes nothing; the peering going ends the watch
+        watches.ensure("farm", tenant, ns, [(MISSING, "w"), (CONFIGMAPS, "appears-later")])
+        assert watches.running("farm")
+        await watches.stop("farm")
+        assert not watches.running("farm")

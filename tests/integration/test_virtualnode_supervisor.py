@@ -121,6 +121,12 @@ async def test_one_kubelet_per_virtual_node_restarted_on_change_stopped_with_the
             await asyncio.wait_for(child.task, 30)
             other = supervisor.children[next(k for k in supervisor.children if k.name == ids[1])]
             assert other.proc is not None and other.proc.pid == pids[ids[1]] and other.proc.returncode is None
+
+            # made again under the same name (generation 1 again, as the one that ended): a new kubelet
+            await consumer_client.create(VIRTUALNODES, virtual_node(ids[0], "kc"), ns)
+            await wait_for(consumer_client, NODES, nodes[0], ready, timeout=60)
+            again = supervisor.children[next(k for k in supervisor.children if k.name == ids[0])]
+            assert again is not child and again.proc is not None and again.proc.returncode is None
         # the controller stopped: so did its kubelets
         assert other.proc.returncode is not None
     finally:

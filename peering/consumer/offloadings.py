@@ -1,0 +1,267 @@
+"""The consumer's NamespaceOffloading controller: a namespace offloaded, from its NamespaceOffloading.
+
+A namespace is offloaded when it holds a ``NamespaceOffloading`` named ``offloading``. For each,
+keyed by its namespace, the controller:
+
+1. keeps the admission policy that makes offloaded namespaces' pods eligible for virtual nodes
+   (:mod:`peering.admission`; it takes the object as its parameter);
+2. picks the providers: every peered one (a VirtualNode), restricted to those whose virtual node's
+   labels match ``spec.clusterSelector`` (then listed in ``status.allowedProviders``, which the
+   policy turns into a node affinity);
+3. asks each for the twin namespace, with the consumer's own identity on that provider (a
+   NamespaceOffloading in its tenant namespace), and withdraws it from providers no longer picked;
+4. writes ``status``: each provider's twin namespace and phase, a phase over all of them
+   (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition.
+
+Deleting it (finalizer ``offloading.gpuferry.io/release``) removes the namespace's pods that run on
+virtual nodes (their twins go first) and withdraws every twin namespace; pods on local nodes stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kube.api import PROVIDER_LABEL, tenant_namespace
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists, KubeError, NotFound
+from kube.informers import Informer
+from kube.logs import object_logger
+from kube.objects import (
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
+    PODS,
+    ObjectKey,
+    RawObject,
+    labels,
+    meta,
+)
+from kube.patching import patch_changes
+from kube.reconciling import Requeue
+
+from ..admission import OFFLOADING_NAME, admission_binding, admission_policy
+from ..clusterid import read_cluster_id
+from ..conditions import find_condition, set_condition
+from ..resources import NAMESPACEOFFLOADINGS
+from .builders import FIELD_MANAGER
+from .providers import ProviderClients, identity_data
+
+__all__ = ["FINALIZER", "NamespaceOffloadingReconciler", "selected_providers"]
+
+logger = logging.getLogger(__name__)
+
+FINALIZER = "offloading.gpuferry.io/release"
+
+
+def _matches(node_labels: Mapping[str, str], selector: Mapping[str, Any]) -> bool:
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if node_labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr["key"], expr["operator"], expr.get("values") or []
+        present = key in node_labels
+        if op == "In" and node_labels.get(key) not in values:
+            return False
+        if op == "NotIn" and present and node_labels[key] in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def selected_providers(virtual_nodes: Sequence[RawObject], selector: Mapping[str, Any] | None) -> list[str]:
+    """The providers (by their virtual nodes' labels) a clusterSelector picks; all without one. Pure."""
+    picked = []
+    for node in virtual_nodes:
+        provider = labels(node).get(PROVIDER_LABEL)
+        if provider and (not selector or _matches(labels(node), selector)):
+            picked.append(provider)
+    return sorted(set(picked))
+
+
+def overall_phase(entries: Sequence[Mapping[str, Any]]) -> str:
+    """The phase over every provider's twin namespace. Pure."""
+    if not entries:
+        return "NoClusterSelected"
+    phases = [e.get("phase") for e in entries]
+    if all(p == "Ready" for p in phases):
+        return "Ready"
+    if all(p == "Failed" for p in phases):
+        return "AllFailed"
+    if "Failed" in phases:
+        return "SomeFailed"
+    return "Pending"
+
+
+class NamespaceOffloadingReconciler:
+    """Keyed by the NamespaceOffloading's ``ObjectKey`` (its namespace, ``offloading``)."""
+
+    def __init__(
+        self,
+        consumer: KubeClient,
+        *,
+        virtual_nodes: Informer,
+        clients: ProviderClients,
+        resync_seconds: float = 60.0,
+    ) -> None:
+        self.consumer = consumer
+        self.virtual_nodes = virtual_nodes
+        self.clients = clients
+        self.resync_seconds = resync_seconds
+
+    async def _tenant(self, provider_id: str) -> KubeClient | None:
+        data = await identity_data(self.consumer, provider_id)
+        return None if data is None else await self.clients.tenant(provider_id, data)
+
+    async def reconcile(self, key: ObjectKey) -> Requeue | None:
+        if key.name != OFFLOADING_NAME or key.namespace is None:
+            return None  # only the object named "offloading" offloads its namespace
+        try:
+            obj = await self.consumer.get(NAMESPACEOFFLOADINGS, key.name, key.namespace)
+        except NotFound:
+            return None
+        consumer_id = await read_cluster_id(self.consumer)
+        if meta(obj).get("deletionTimestamp"):
+            return await self._release(obj, consumer_id)
+        if FINALIZER not in (meta(obj).get("finalizers") or []):
+            finalizers = [*(meta(obj).get("finalizers") or []), FINALIZER]
+            obj = await self.consumer.patch(
+                NAMESPACEOFFLOADINGS,
+                key.name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": meta(obj)["resourceVersion"]}},
+                key.namespace,
+            )
+        await self._admission()
+        spec = obj.get("spec") or {}
+        selector = spec.get("clusterSelector") or None
+        providers = selected_providers(self.virtual_nodes.values(), selector)
+        entries = []
+        for provider_id in providers:
+            entries.append(
+                await self._twin(
+                    provider_id,
+                    consumer_id,
+                    key.namespace,
+                    spec.get("namespaceMappingStrategy") or "DefaultName",
+                )
+            )
+        current = (obj.get("status") or {}).get("remoteNamespaces") or []
+        for gone in [e for e in current if e.get("clusterID") not in providers]:
+            await self._withdraw(gone["clusterID"], consumer_id, key.namespace)
+        phase = overall_phase(entries)
+        status: dict[str, Any] = {**(obj.get("status") or {}), "phase": phase, "remoteNamespaces": entries}
+        status["allowedProviders"] = providers if selector else None
+        failed = [f"{e['clusterID']}: {e.get('message')}" for e in entries if e.get("phase") == "Failed"]
+        message = {
+            "Ready": f"twin namespaces ready on {', '.join(providers)}",
+            "NoClusterSelected": "no peered provider is selected",
+            "Pending": "waiting for the twin namespaces",
+        }.get(phase, "; ".join(failed))
+        status["conditions"] = set_condition(
+            status.get("conditions"),
+            "Ready",
+            phase == "Ready",
+            phase,
+            message,
+            generation=meta(obj).get("generation"),
+        )
+        with contextlib.suppress(NotFound):
+            await patch_changes(
+                self.consumer, NAMESPACEOFFLOADINGS, obj, {**obj, "status": status}, subresource="status"
+            )
+        return Requeue(1.0 if phase == "Pending" else self.resync_seconds)
+
+    async def _admission(self) -> None:
+        for resource, body in (
+            (MUTATINGADMISSIONPOLICIES, admission_policy()),
+            (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
+        ):
+            await self.consumer.patch(
+                resource,
+                body["metadata"]["name"],
+                body,
+                patch_type="apply",
+                field_manager=FIELD_MANAGER,
+                force=True,
+            )
+
+    async def _twin(
+        self, provider_id: str, consumer_id: str | None, origin: str, mapping: str
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {"clusterID": provider_id, "phase": "Pending"}
+        tenant = await self._tenant(provider_id)
+        if tenant is None or consumer_id is None:
+            entry["message"] = "no identity on this provider yet"
+            return entry
+        ns = tenant_namespace(consumer_id)
+        body = {
+            "apiVersion": NAMESPACEOFFLOADINGS.api_version,
+            "kind": NAMESPACEOFFLOADINGS.kind,
+            "metadata": {"name": origin, "namespace": ns},
+            "spec": {"originNamespace": origin, "namespaceMappingStrategy": mapping},
+        }
+        try:
+            with contextlib.suppress(AlreadyExists):
+                await tenant.create(NAMESPACEOFFLOADINGS, body)
+            remote = await tenant.get(NAMESPACEOFFLOADINGS, origin, ns)
+        except KubeError as e:
+            object_logger(logger, "NamespaceOffloading", ObjectKey(origin, OFFLOADING_NAME)).warning(
+                "cannot ask %s for the twin namespace: %s", provider_id, e
+            )
+            entry["message"] = str(e)
+            return entry
+        status = remote.get("status") or {}
+        if status.get("remoteNamespace"):
+            entry["remoteNamespace"] = status["remoteNamespace"]
+        if status.get("phase") == "Ready" and status.get("remoteNamespace"):
+            entry["phase"] = "Ready"
+        elif status.get("phase") == "Failed":
+            entry["phase"] = "Failed"
+            cond = find_condition(status.get("conditions"), "Ready")
+            entry["message"] = str((cond or {}).get("message") or "refused by the provider")
+        return entry
+
+    async def _withdraw(self, provider_id: str, consumer_id: str | None, origin: str) -> bool:
+        """Withdraw the twin namespace request; True once it is gone on the provider."""
+        tenant = await self._tenant(provider_id)
+        if tenant is None or consumer_id is None:
+            return True  # no identity left: the provider revokes the tenant's twins itself
+        try:
+            await tenant.delete(NAMESPACEOFFLOADINGS, origin, tenant_namespace(consumer_id))
+        except NotFound:
+            return True
+        except KubeError as e:
+            logger.info("withdrawing the twin namespace of %s from %s: %s", origin, provider_id, e)
+            return True
+        return False
+
+    async def _release(self, obj: RawObject, consumer_id: str | None) -> Requeue | None:
+        ns = meta(obj)["namespace"]
+        virtual = {n for n in (str(meta(v)["name"]) for v in self.virtual_nodes.values())}
+        pods = [
+            p for p in (await self.consumer.list(PODS, ns))["items"] if p["spec"].get("nodeName") in virtual
+        ]
+        for pod in pods:
+            with contextlib.suppress(NotFound):
+                await self.consumer.delete(PODS, pod["metadata"]["name"], ns)
+        if pods:
+            return Requeue(1.0)  # their twins go first; then the twin namespaces
+        pending = False
+        for entry in (obj.get("status") or {}).get("remoteNamespaces") or []:
+            if not await self._withdraw(entry["clusterID"], consumer_id, ns):
+                pending = True
+        if pending:
+            return Requeue(1.0)
+        finalizers = [f for f in meta(obj).get("finalizers") or [] if f != FINALIZER]
+        with contextlib.suppress(NotFound):
+            await self.consumer.patch(
+                NAMESPACEOFFLOADINGS,
+                OFFLOADING_NAME,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": meta(obj)["resourceVersion"]}},
+                ns,
+            )
+        return None
