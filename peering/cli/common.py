@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kube.clients import KubeClient
+from kube.errors import AlreadyExists, NotFound
+from kube.objects import NAMESPACES, Resource
 
 __all__ = ["Progress", "UserError", "emit", "kubeconfig_context_name", "parse_pairs"]
 
@@ -71,3 +76,30 @@ def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:
         from rich.console import Console
 
         render_table(Console())
+
+
+async def ensure_namespace(client: KubeClient, name: str) -> None:
+    """Create namespace ``name`` unless it exists (gpuferry-system, before its first object)."""
+    with contextlib.suppress(AlreadyExists):
+        await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+async def delete_and_wait(
+    client: KubeClient, resource: Resource, name: str, namespace: str | None, *,
+    timeout: float, stuck: str, deleted: Callable[[], None] = lambda: None,
+) -> bool:  # fmt: skip
+    """Delete an object whose finalizer a controller runs (``deleted`` is called then, to say what
+    is being waited for), and wait until it is gone. False when it was not there;
+    UserError(``stuck``) when it is still there after ``timeout``."""
+    from ..waits import PeeringError, wait_gone
+
+    try:
+        await client.delete(resource, name, namespace)
+    except NotFound:
+        return False
+    deleted()
+    try:
+        await wait_gone(client, resource, name, namespace, timeout=timeout)
+    except PeeringError:
+        raise UserError(stuck) from None
+    return True

@@ -16,6 +16,7 @@ from typing import Any
 
 from cryptography import x509
 
+from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SECRETS, RawObject
@@ -32,7 +33,7 @@ from .network_cmds import network_rows, render_rows
 
 __all__ = ["add_parser", "collect"]
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 _TERMINAL = ("Succeeded", "Failed")
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+from kube.api import PROVIDER_LABEL
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import (
@@ -34,11 +35,12 @@ from kube.objects import (
 from .. import flow
 from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
 from ..clusterid import read_cluster_id
+from ..conditions import find_condition
 from ..crds import ensure_crds
 from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import VIRTUALNODES
-from ..waits import wait_none
-from .common import Progress, UserError, emit
+from ..waits import wait_until
+from .common import Progress, UserError, delete_and_wait, emit
 
 __all__ = ["add_parsers"]
 
@@ -105,6 +107,58 @@ async def peered_providers(consumer: KubeClient, only: list[str] | None) -> list
     return found
 
 
+def offloading_object(namespace: str, args: argparse.Namespace) -> RawObject:
+    """The NamespaceOffloading the CLI writes; the consumer agent does the rest. Pure."""
+    spec: dict[str, Any] = {
+        "podOffloadingStrategy": args.pod_offloading_strategy,
+        "namespaceMappingStrategy": args.namespace_mapping_strategy,
+    }
+    if args.provider:
+        spec["clusterSelector"] = {
+            "matchExpressions": [
+                {"key": PROVIDER_LABEL, "operator": "In", "values": sorted(set(args.provider))}
+            ]
+        }
+    return {
+        "apiVersion": NAMESPACEOFFLOADINGS.api_version,
+        "kind": NAMESPACEOFFLOADINGS.kind,
+        "metadata": {"name": OFFLOADING_NAME, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+async def _wait_offloaded(consumer: KubeClient, ns: str, generation: int, timeout: float) -> RawObject:
+    def settled(obj: RawObject) -> str | None:
+        status = obj.get("status") or {}
+        cond = find_condition(status.get("conditions"), "Ready")
+        if cond is None or cond.get("observedGeneration") != generation:
+            return None
+        phase = status.get("phase")
+        if phase == "Ready":
+            return ""
+        if phase in ("SomeFailed", "AllFailed"):
+            return str(cond.get("message"))
+        if phase == "NoClusterSelected":
+            return "no peered provider is selected"
+        return None
+
+    try:
+        done: RawObject = await wait_until(
+            consumer,
+            NAMESPACEOFFLOADINGS,
+            OFFLOADING_NAME,
+            ns,
+            settled,
+            timeout,
+            f"the offloading of namespace {ns}",
+        )
+        return done
+    except flow.PeeringError as e:
+        raise UserError(
+            f"namespace {ns} cannot be offloaded: {e} (is the consumer agent running? see `gpuferry agents`)"
+        ) from None
+
+
 async def cmd_offload(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     ns = args.namespace
@@ -116,32 +170,10 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         consumer_id = await read_cluster_id(consumer)
         if consumer_id is None:
             raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
-        providers = await peered_providers(consumer, args.provider)
+        await peered_providers(consumer, args.provider)
         await ensure_crds(consumer)
-        await ensure_admission(consumer)
-        progress.step("admission policy for offloaded namespaces in place")
-        remote: list[dict[str, Any]] = []
-        for provider_id in providers:
-            async with await flow.issued_client(consumer, provider_id) as tenant:
-                twin = await flow.request_twin_namespace(
-                    tenant,
-                    consumer_id=consumer_id,
-                    origin_namespace=ns,
-                    mapping=args.namespace_mapping_strategy,
-                    timeout=args.timeout,
-                )
-            remote.append({"clusterID": provider_id, "remoteNamespace": twin, "phase": "Ready"})
-            progress.step(f"{provider_id}: twin namespace {twin} ready")
-        body: RawObject = {
-            "apiVersion": NAMESPACEOFFLOADINGS.api_version,
-            "kind": NAMESPACEOFFLOADINGS.kind,
-            "metadata": {"name": OFFLOADING_NAME, "namespace": ns},
-            "spec": {
-                "podOffloadingStrategy": args.pod_offloading_strategy,
-                "namespaceMappingStrategy": args.namespace_mapping_strategy,
-            },
-        }
-        await consumer.patch(
+        body = offloading_object(ns, args)
+        obj = await consumer.patch(
             NAMESPACEOFFLOADINGS,
             OFFLOADING_NAME,
             body,
@@ -150,19 +182,21 @@ async def cmd_offload(args: argparse.Namespace) -> int:
             field_manager="gpuferry-cli",
             force=True,
         )
-        await consumer.patch(
-            NAMESPACEOFFLOADINGS,
-            OFFLOADING_NAME,
-            {
-                "status": {
-                    "phase": "Ready",
-                    "remoteNamespaces": remote,
-                    "allowedProviders": providers if args.provider else None,
-                }
-            },
-            ns,
-            subresource="status",
+        progress.step(
+            f"NamespaceOffloading {ns}/{OFFLOADING_NAME} applied; the consumer agent asks for twin namespaces"
         )
+        try:
+            done = await _wait_offloaded(
+                consumer, ns, int(obj["metadata"].get("generation") or 0), args.timeout
+            )
+        except UserError:
+            # a refused offloading leaves nothing behind: its finalizer withdraws what was asked for
+            with contextlib.suppress(NotFound):
+                await consumer.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+            raise
+        remote = (done.get("status") or {}).get("remoteNamespaces") or []
+        for entry in remote:
+            progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} ready")
         await wait_admission_effective(consumer, ns, args.timeout)
         progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy}); new pods are eligible")
     result = {
@@ -179,7 +213,7 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         for col in ("provider", "twin namespace"):
             t.add_column(col)
         for r in remote:
-            t.add_row(r["clusterID"], r["remoteNamespace"])
+            t.add_row(r["clusterID"], r.get("remoteNamespace", "-"))
         console.print(t)
 
     emit(result, args.output, table)
@@ -190,39 +224,21 @@ async def cmd_unoffload(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     ns = args.namespace
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as consumer:
-        consumer_id = await read_cluster_id(consumer)
         try:
             offloading = await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
         except NotFound:
             raise UserError(f"namespace {ns} is not offloaded") from None
-        nodes = {
-            vn["spec"]["nodeName"]: vn["spec"]["providerClusterID"]
-            for vn in (await consumer.list(VIRTUALNODES, flow.CONSUMER_NAMESPACE))["items"]
-        }
-        remote = [p for p in (await consumer.list(PODS, ns))["items"] if p["spec"].get("nodeName") in nodes]
-        for pod in remote:
-            with contextlib.suppress(NotFound):
-                await consumer.delete(PODS, pod["metadata"]["name"], ns)
-        await wait_none(
-            consumer,
-            PODS,
-            ns,
-            timeout=args.timeout,
-            what=f"pods of {ns} on virtual nodes",
-            matching=lambda p: p["spec"].get("nodeName") in nodes,
-        )
-        progress.step(f"{len(remote)} offloaded pods removed")
+        await delete_and_wait(
+            consumer, NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns, timeout=args.timeout,
+            deleted=lambda: progress.note(
+                f"NamespaceOffloading {ns}/{OFFLOADING_NAME} deleted: the consumer agent removes the "
+                "namespace's pods on virtual nodes (their twins first) and the twin namespaces"
+            ),
+            stuck=f"namespace {ns} is still offloaded after {args.timeout:.0f}s: is the consumer agent "
+            "running? (see `gpuferry agents`)",
+        )  # fmt: skip
         for entry in (offloading.get("status") or {}).get("remoteNamespaces") or []:
-            provider_id = entry["clusterID"]
-            if consumer_id is None:
-                break
-            with contextlib.suppress(flow.PeeringError):
-                async with await flow.issued_client(consumer, provider_id) as tenant:
-                    await flow.release_twin_namespace(
-                        tenant, consumer_id=consumer_id, origin_namespace=ns, timeout=args.timeout
-                    )
-                progress.step(f"{provider_id}: twin namespace {entry.get('remoteNamespace')} removed")
-        await consumer.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+            progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} removed")
         progress.step(f"namespace {ns} no longer offloaded")
     emit(
         {"namespace": ns, "offloaded": False},

@@ -9,18 +9,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 from typing import Any
 
+from kube.api import GPU_RESOURCE, NETWORK_READY, PROVIDER_LABEL, virtual_node_name
 from kube.clients import KubeClient
+from kube.declaration import (
+    DECLARATION_NAME,
+    DECLARATION_NAMESPACE,
+    DeclarationError,
+    declaration_from_configmap,
+)
 from kube.errors import NotFound
 from kube.objects import (
+    CONFIGMAPS,
     FOREIGNCLUSTERS,
     MUTATINGADMISSIONPOLICIES,
     MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACES,
     NODES,
-    PODS,
+    PEERNETWORKS,
+    SECRETS,
     RawObject,
     Resource,
 )
@@ -28,22 +38,34 @@ from kube.quantities import parse_quantity
 
 from .. import flow
 from ..clusterid import ClusterIDError, ensure_cluster_id, read_cluster_id
+from ..conditions import find_condition
+from ..consumer.builders import with_defaults
 from ..crds import ensure_crds
-from ..localagents import Agent, ensure_agent, stop_agent
+from ..localagents import Agent, ensure_agent, exited, find_agent, stop_agent
+from ..network import FAILED_REASONS, network_ready
 from ..resources import TENANTS, tenant_namespace
 from ..virtualnodes import VIRTUALNODES
-from ..waits import wait_gone, wait_none
-from .common import Progress, UserError, emit, kubeconfig_context_name, parse_pairs
-from .network_cmds import network_down, network_up, read_declarations
+from ..waits import wait_gone, wait_until
+from .common import (
+    Progress,
+    UserError,
+    delete_and_wait,
+    emit,
+    ensure_namespace,
+    kubeconfig_context_name,
+    parse_pairs,
+)
+from .following import STEPS, Follower, StepFailed, tail
+from .network_cmds import read_declarations
 
-__all__ = ["FOREIGNCLUSTERS", "add_parsers", "virtual_node_for"]
+__all__ = ["FOREIGNCLUSTERS", "add_parsers", "foreign_cluster"]
 
-GPU = "nvidia.com/gpu"
+GPU = GPU_RESOURCE
 EXIT_DENIED = 3
 
 
 def node_name(provider_id: str) -> str:
-    return f"gpuferry-{provider_id}"
+    return virtual_node_name(provider_id)
 
 
 def requested_resources(args: argparse.Namespace) -> dict[str, str]:
@@ -51,10 +73,11 @@ def requested_resources(args: argparse.Namespace) -> dict[str, str]:
     the GPUs: 8 CPUs and 64 GiB per GPU, 110 pods, as a typical GPU node has)."""
     if args.gpus is None or args.gpus < 1:
         raise UserError("say how many GPUs to ask for: --gpus N (N >= 1)")
-    out = {GPU: str(args.gpus)}
-    out["cpu"] = args.cpu or str(8 * args.gpus)
-    out["memory"] = args.memory or f"{64 * args.gpus}Gi"
-    out["pods"] = str(args.pods)
+    out = {GPU: str(args.gpus), "pods": str(args.pods)}
+    if args.cpu:
+        out["cpu"] = args.cpu
+    if args.memory:
+        out["memory"] = args.memory
     for key, value in parse_pairs(args.resource, "--resource").items():
         out[key] = value
     for key, value in out.items():
@@ -62,49 +85,51 @@ def requested_resources(args: argparse.Namespace) -> dict[str, str]:
             parse_quantity(value)
         except ValueError:
             raise UserError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)") from None
-    return out
+    return with_defaults(out)  # what the consumer's controller would fill in: shown before it asks
 
 
-def virtual_node_for(
-    *, provider_id: str, consumer_id: str, slice_obj: RawObject, selector: dict[str, str], secret: str
+def foreign_cluster(
+    provider_id: str,
+    *,
+    server: str,
+    ca_pem: bytes | None,
+    token_secret: str,
+    resources: dict[str, str],
+    selector: dict[str, str],
+    allow_partial: bool,
+    networking: bool,
 ) -> RawObject:
-    """The VirtualNode standing for a decided GPUSlice. Pure."""
-    status = slice_obj.get("status") or {}
-    return {
-        "apiVersion": VIRTUALNODES.api_version,
-        "kind": VIRTUALNODES.kind,
-        "metadata": {"name": provider_id, "labels": {"gpuferry.io/provider": provider_id}},
-        "spec": {
-            "providerClusterID": provider_id,
-            "consumerClusterID": consumer_id,
-            "nodeName": node_name(provider_id),
-            "tenantNamespace": tenant_namespace(consumer_id),
-            "sliceName": slice_obj["metadata"]["name"],
-            "providerNodeSelector": dict(selector),
-            "labels": dict(status.get("labels") or {}),
-            "resources": dict(status.get("granted") or {}),
-            "shape": dict((status.get("shape") or {}).get("largest") or {}),
-            "kubeconfigSecretRef": {"name": secret, "key": "kubeconfig"},
+    """The ForeignCluster of a provider on the consumer: all the consumer agent needs to peer. Pure."""
+    spec: dict[str, Any] = {
+        "clusterID": provider_id,
+        "role": "Provider",
+        "apiServerURL": server,
+        "peeringTokenSecretRef": {"name": token_secret, "key": "token"},
+        "slice": {
+            "resources": dict(resources),
+            "nodeSelector": dict(selector),
+            "allowPartial": allow_partial,
         },
+        "networkingEnabled": networking,
     }
-
-
-def foreign_cluster(cluster_id: str, role: str, server: str | None = None) -> RawObject:
-    spec: dict[str, Any] = {"clusterID": cluster_id, "role": role}
-    if server:
-        spec["apiServerURL"] = server
+    if ca_pem:
+        spec["caBundle"] = base64.b64encode(ca_pem).decode()
     return {
         "apiVersion": FOREIGNCLUSTERS.api_version,
         "kind": FOREIGNCLUSTERS.kind,
-        "metadata": {"name": cluster_id, "labels": {"app.kubernetes.io/managed-by": "gpuferry"}},
+        "metadata": {"name": provider_id, "labels": {"app.kubernetes.io/managed-by": "gpuferry"}},
         "spec": spec,
     }
 
 
+def token_secret_name(provider_id: str) -> str:
+    return f"gpuferry-peering-{provider_id}"
+
+
 async def _apply(
     client: KubeClient, resource: Resource, body: RawObject, namespace: str | None = None
-) -> None:
-    await client.patch(
+) -> RawObject:
+    return await client.patch(
         resource,
         body["metadata"]["name"],
         body,
@@ -113,29 +138,6 @@ async def _apply(
         field_manager="gpuferry-cli",
         force=True,
     )
-
-
-async def _wait_node_ready(client: KubeClient, name: str, timeout: float) -> RawObject:
-    from kube.watching import Listed, watch_objects
-
-    async def watch() -> RawObject:
-        async for item in watch_objects(client, NODES, field_selector=f"metadata.name={name}"):
-            if isinstance(item, Listed) or item.type == "DELETED":
-                continue
-            ready = [
-                c for c in item.object.get("status", {}).get("conditions", []) if c.get("type") == "Ready"
-            ]
-            if ready and ready[0].get("status") == "True":
-                return item.object
-        raise UserError("watching the virtual node ended")
-
-    try:
-        return await asyncio.wait_for(watch(), timeout)
-    except TimeoutError:
-        raise UserError(
-            f"the virtual node {name} is not Ready after {timeout:.0f}s; see `gpuferry info` and the "
-            "consumer agent's log (gpuferry agents)"
-        ) from None
 
 
 async def _ids(consumer: KubeClient, provider: KubeClient, args: argparse.Namespace) -> tuple[str, str]:
@@ -160,6 +162,91 @@ async def _ids(consumer: KubeClient, provider: KubeClient, args: argparse.Namesp
     return consumer_id, provider_id
 
 
+def _ensure_agents(
+    args: argparse.Namespace, consumer_id: str, provider_id: str, progress: Progress
+) -> dict[str, Agent]:
+    """Embedded mode: the provider controller, the consumer agent and, with the network, a gateway
+    per side for this peering, as local processes (none of them gets more than a kubeconfig and
+    what it serves: everything else they read from objects)."""
+    agents: dict[str, Agent] = {}
+    for role, cid, path in (
+        ("provider", provider_id, args.remote_kubeconfig),
+        ("consumer", consumer_id, args.kubeconfig),
+    ):
+        if not path:
+            raise UserError(f"--agents local needs a kubeconfig file for the {role}")
+        agent, started = ensure_agent(role, cid, path)
+        agents[role] = agent
+        progress.step(f"{role} agent {'started' if started else 'running'} (log: {agent.log})")
+    if not args.no_network:
+        for side, cid, peer, namespace, path in (
+            ("consumer", consumer_id, provider_id, flow.CONSUMER_NAMESPACE, args.kubeconfig),
+            ("provider", provider_id, consumer_id, tenant_namespace(consumer_id), args.remote_kubeconfig),
+        ):
+            agent, started = ensure_agent(
+                "gateway", f"{cid}-{peer}", path, args=("gateways", "--peer-network", f"{namespace}/{peer}")
+            )
+            agents[f"{side} gateway"] = agent
+            progress.note(
+                f"{cid}: gateway towards {peer} {'started' if started else 'running'} (log: {agent.log})"
+            )
+    return agents
+
+
+async def died(agent: Agent, what: str) -> str:
+    """Once ``agent``'s process has exited: what to tell the user (the end of its log)."""
+    await exited(agent)
+    return f"{what} exited; the end of its log ({agent.log}):\n{tail(agent.log)}"
+
+
+def _progress_line(step: str, fc: RawObject, provider: dict[str, Any]) -> str:
+    status = fc.get("status") or {}
+    if step == "Authenticated":
+        identity = status.get("identity") or {}
+        return f"authenticated as {identity.get('username')} (certificate until {identity.get('notAfter')})"
+    if step == "SliceGranted":
+        sl = status.get("slice") or {}
+        return f"slice {sl.get('phase')}: {sl.get('granted')}"
+    if step == "VirtualNodeReady":
+        return f"virtual node {status.get('virtualNode')} Ready"
+    network = status.get("network") or {}
+    cond = find_condition(status.get("conditions"), NETWORK_READY) or {}
+    if cond.get("reason") == "NetworkDisabled":
+        return "network: disabled (--no-network)"
+    views = ", ".join(network.get("remappedPodCIDRs") or [])
+    return (
+        f"consumer: tunnel to {fc['metadata']['name']} up ({network.get('backend')} WireGuard) via "
+        f"{network.get('endpoint')}; its pods {', '.join(provider.get('podCIDRs') or [])} are {views} here"
+    )
+
+
+async def _provider_tunnel(provider: KubeClient, consumer_id: str, timeout: float) -> dict[str, Any]:
+    """The provider's gateway's view of the tunnel, once it reports a handshake."""
+    ns = tenant_namespace(consumer_id)
+
+    def ready(obj: RawObject) -> str | None:
+        ok, reason, message = network_ready(obj)
+        if ok:
+            return ""
+        if reason in FAILED_REASONS:
+            return (
+                f"the gateway for {ns}/{consumer_id} reports {reason}: {message} (the peering itself stays; "
+                "fix it and run peer again, or unpeer)"
+            )
+        return None
+
+    obj = await wait_until(
+        provider,
+        PEERNETWORKS,
+        consumer_id,
+        ns,
+        ready,
+        timeout,
+        f"the provider's PeerNetwork {ns}/{consumer_id}",
+    )
+    return obj
+
+
 async def cmd_peer(args: argparse.Namespace) -> int:
     resources = requested_resources(args)
     selector = parse_pairs(args.selector, "--selector")
@@ -172,83 +259,133 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     ):
         if consumer.base_url == provider.base_url:
             raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
-        declarations = None
         if not args.no_network:  # a missing or wrong declaration stops us before any change
-            declarations = await read_declarations(consumer, provider, embedded=args.agents == "local")
+            await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):
             await ensure_crds(client)
             progress.step(f"{side}: gpuferry CRDs installed ({client.base_url})")
         consumer_id, provider_id = await _ids(consumer, provider, args)
         progress.step(f"cluster IDs: consumer {consumer_id}, provider {provider_id}")
-        if args.agents == "local":
-            for role, cid, path in (
-                ("provider", provider_id, args.remote_kubeconfig),
-                ("consumer", consumer_id, args.kubeconfig),
-            ):
-                if not path:
-                    raise UserError(f"--agents local needs a kubeconfig file for the {role}")
-                agent, started = ensure_agent(role, cid, path)
-                progress.step(f"{role} agent {'started' if started else 'running'} (log: {agent.log})")
-        identity = await flow.establish_tenant(
-            consumer,
-            provider,
-            consumer_id=consumer_id,
-            provider_id=provider_id,
-            timeout=args.timeout,
-            progress=progress.note,
+        agents = _ensure_agents(args, consumer_id, provider_id, progress) if args.agents == "local" else {}
+        # the provider's admin part: a tenant namespace and a peering token, nothing else
+        token = await flow.issue_peering_token(provider, consumer_id, timeout=args.timeout)
+        progress.step(f"peering token issued ({tenant_namespace(consumer_id)}/{flow.TOKEN_SECRET})")
+        # the consumer's part: the token and a ForeignCluster; the consumer agent does the rest
+        try:
+            before: RawObject | None = await consumer.get(FOREIGNCLUSTERS, provider_id)
+        except NotFound:
+            before = None
+        authenticated = find_condition(
+            ((before or {}).get("status") or {}).get("conditions"), "Authenticated"
         )
-        progress.step(
-            ("already authenticated as " if identity.already else "authenticated as ")
-            + f"{identity.username} (certificate until {identity.not_after})"
-        )
-        async with await flow.issued_client(consumer, provider_id) as tenant:
-            decided = await flow.request_slice(
-                tenant,
-                consumer_id=consumer_id,
-                resources=resources,
-                node_selector=selector,
-                allow_partial=args.allow_partial,
-                timeout=args.timeout,
-            )
-        status = decided.get("status") or {}
-        if status.get("phase") == "Denied":
-            raise UserError(
-                f"the provider denied the GPU slice: {status.get('reason')}: {status.get('message')} "
-                f"(the peering itself stays; ask for less, or run `gpuferry unpeer`)",
-                EXIT_DENIED,
-            )
-        progress.step(f"slice {status.get('phase')}: {status.get('granted')}")
-        await _apply(consumer, FOREIGNCLUSTERS, foreign_cluster(provider_id, "Provider", provider.base_url))
-        await _apply(provider, FOREIGNCLUSTERS, foreign_cluster(consumer_id, "Consumer"))
-        vn = virtual_node_for(
-            provider_id=provider_id,
-            consumer_id=consumer_id,
-            slice_obj=decided,
+        already = bool(authenticated and authenticated.get("status") == "True")
+        await ensure_namespace(consumer, flow.CONSUMER_NAMESPACE)
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": token_secret_name(provider_id),
+                "namespace": flow.CONSUMER_NAMESPACE,
+                "labels": {"app.kubernetes.io/managed-by": "gpuferry", PROVIDER_LABEL: provider_id},
+            },
+            "data": {"token": base64.b64encode(token.encode()).decode()},
+        }
+        await _apply(consumer, SECRETS, secret, flow.CONSUMER_NAMESPACE)
+        body = foreign_cluster(
+            provider_id,
+            server=args.remote_server or provider.base_url,
+            ca_pem=provider.connection.ca_pem,
+            token_secret=token_secret_name(provider_id),
+            resources=resources,
             selector=selector,
-            secret=identity.secret_name,
+            allow_partial=args.allow_partial,
+            networking=not args.no_network,
         )
-        await _apply(consumer, VIRTUALNODES, vn, flow.CONSUMER_NAMESPACE)
-        progress.step(f"VirtualNode {flow.CONSUMER_NAMESPACE}/{provider_id} applied")
-        node = await _wait_node_ready(consumer, node_name(provider_id), args.timeout)
-        progress.step(f"virtual node {node_name(provider_id)} Ready")
+        fc = await _apply(consumer, FOREIGNCLUSTERS, body)
+        progress.step(
+            f"ForeignCluster {provider_id} applied; the consumer agent peers"
+            + (" (already authenticated)" if already else "")
+        )
+        published: dict[str, Any] = {}
+
+        def on_step(step: str, current: RawObject) -> None:
+            if step == NETWORK_READY:
+                published.update((current.get("status") or {}).get("network") or {})
+            progress.step(_progress_line(step, current, theirs))
+
+        theirs: dict[str, Any] = {}
+        if not args.no_network:
+            with contextlib.suppress(DeclarationError, NotFound):
+                cm = await provider.get(CONFIGMAPS, DECLARATION_NAME, DECLARATION_NAMESPACE)
+                theirs = {"podCIDRs": list(declaration_from_configmap(cm, side="provider").pod_cidrs)}
+        follower = Follower(consumer, provider_id, int(fc["metadata"].get("generation") or 0), STEPS)
+        deaths = [died(agent, f"the {name.split()[0]}'s gateway") for name, agent in agents.items()
+                  if name.endswith("gateway")]  # fmt: skip
+        deaths += [
+            died(agents[role], f"the {role} agent") for role in ("provider", "consumer") if role in agents
+        ]
+        try:
+            done = await follower.until_done(on_step, timeout=args.timeout, also=deaths)
+        except StepFailed as e:
+            if e.step == "SliceGranted":
+                raise UserError(
+                    f"the provider denied the GPU slice: {e.reason}: {e.message} "
+                    "(the peering itself stays; ask for less, or run `gpuferry unpeer`)",
+                    EXIT_DENIED,
+                ) from None
+            if e.step == NETWORK_READY:
+                raise UserError(
+                    f"the gateway for {flow.CONSUMER_NAMESPACE}/{provider_id} reports {e.reason}: "
+                    f"{e.message} (the peering itself stays; fix it and run peer again, or unpeer)"
+                ) from None
+            raise UserError(f"peering with {provider_id} failed: {e.step}: {e.reason}: {e.message}") from None
+        except TimeoutError as e:
+            raise UserError(
+                f"peering with {provider_id} is not done after {args.timeout:.0f}s: {e} "
+                "(see `kubectl get fc` and the consumer agent's log)"
+            ) from None
+        status = done.get("status") or {}
         network: dict[str, Any] | str = "disabled (--no-network)"
-        if declarations is not None:
-            network = await network_up(
-                consumer, provider, consumer_id=consumer_id, provider_id=provider_id,
-                declarations=declarations, args=args, progress=progress,
-            )  # fmt: skip
+        if not args.no_network:
+            tunnel = await _provider_tunnel(provider, consumer_id, args.timeout)
+            ours = status.get("network") or {}
+            theirs_status = tunnel.get("status") or {}
+            network = {
+                "endpoint": ours.get("endpoint"),
+                "consumer": {
+                    "peer": provider_id,
+                    "remappedPodCIDRs": ours.get("remappedPodCIDRs"),
+                    "remappedServiceCIDRs": ours.get("remappedServiceCIDRs"),
+                    "backend": ours.get("backend"),
+                },
+                "provider": {
+                    "peer": consumer_id,
+                    "remappedPodCIDRs": theirs_status.get("remappedPodCIDRs"),
+                    "remappedServiceCIDRs": theirs_status.get("remappedServiceCIDRs"),
+                    "backend": theirs_status.get("backend"),
+                },
+            }
+            views = ", ".join(theirs_status.get("remappedPodCIDRs") or [])
+            progress.step(
+                f"provider: tunnel to {consumer_id} up ({theirs_status.get('backend')} WireGuard); "
+                f"its pods {', '.join(tunnel['spec']['podCIDRs'])} are {views} here"
+            )
+        node = await consumer.get(NODES, node_name(provider_id))
     labels = node["metadata"].get("labels") or {}
+    sl = status.get("slice") or {}
+    identity = status.get("identity") or {}
     result = {
         "consumer": consumer_id,
         "provider": provider_id,
-        "alreadyPeered": identity.already,
-        "identity": {"username": identity.username, "notAfter": identity.not_after},
+        "alreadyPeered": already,
+        "identity": {"username": identity.get("username"), "notAfter": identity.get("notAfter")},
         "slice": {
-            "phase": status.get("phase"),
+            "phase": sl.get("phase"),
             "requested": resources,
-            "granted": status.get("granted"),
-            "largestBlock": (status.get("shape") or {}).get("largest"),
-            "reason": status.get("reason"),
+            "granted": sl.get("granted"),
+            "largestBlock": sl.get("largestBlock"),
+            "reason": sl.get("reason"),
         },
         "virtualNode": {
             "name": node_name(provider_id),
@@ -262,9 +399,9 @@ async def cmd_peer(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         t = Table(title=f"{consumer_id} ⟶ {provider_id}", show_header=False, box=None)
-        t.add_row("[bold]identity[/]", f"{identity.username} until {identity.not_after}")
-        t.add_row("[bold]slice[/]", f"{status.get('phase')}: {status.get('granted')}")
-        t.add_row("[bold]largest block[/]", str((status.get("shape") or {}).get("largest")))
+        t.add_row("[bold]identity[/]", f"{identity.get('username')} until {identity.get('notAfter')}")
+        t.add_row("[bold]slice[/]", f"{sl.get('phase')}: {sl.get('granted')}")
+        t.add_row("[bold]largest block[/]", str(sl.get("largestBlock")))
         t.add_row(
             "[bold]virtual node[/]",
             f"{node_name(provider_id)} (GPU {labels.get('nvidia.com/gpu.product', '-')})",
@@ -281,22 +418,11 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _evict_pods_on(consumer: KubeClient, node: str, progress: Progress, timeout: float) -> None:
-    pods = (await consumer.list(PODS, field_selector=f"spec.nodeName={node}"))["items"]
-    for pod in pods:
-        with contextlib.suppress(NotFound):
-            await consumer.delete(PODS, pod["metadata"]["name"], pod["metadata"]["namespace"])
-    if pods:
-        progress.note(f"deleting {len(pods)} pods on {node} (their twins go first)")
-    await wait_none(
-        consumer, PODS, None, field_selector=f"spec.nodeName={node}", timeout=timeout, what=f"pods on {node}"
-    )
-
-
 async def cmd_unpeer(args: argparse.Namespace) -> int:
     if not args.remote_kubeconfig:
         raise UserError("give the provider's kubeconfig: --remote-kubeconfig PATH")
     progress = Progress(args.quiet)
+    left: list[str] = []
     async with (
         KubeClient.from_config(args.kubeconfig, context=args.context) as consumer,
         KubeClient.from_config(args.remote_kubeconfig, context=args.remote_context) as provider,
@@ -304,29 +430,30 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         consumer_id, provider_id = await read_cluster_id(consumer), await read_cluster_id(provider)
         if consumer_id is None or provider_id is None:
             raise UserError("these clusters were never peered by gpuferry (no cluster ID recorded)")
-        node = node_name(provider_id)
+        if args.agents == "local":  # the consumer agent undoes the peering on this side: it must run
+            ensure_agent("consumer", consumer_id, args.kubeconfig)
+        # a gateway whose PeerNetwork never came (the peering failed before the network) has no
+        # tunnel to take down: it is stopped at once instead of waited for
+        had_network = {
+            "consumer": await _exists(consumer, PEERNETWORKS, provider_id, flow.CONSUMER_NAMESPACE),
+            "provider": await _exists(provider, PEERNETWORKS, consumer_id, tenant_namespace(consumer_id)),
+        }
+        removed: list[str] = []
+        if await delete_and_wait(
+            consumer, FOREIGNCLUSTERS, provider_id, None, timeout=args.timeout,
+            deleted=lambda: progress.note(
+                f"ForeignCluster {provider_id} deleted: the consumer agent removes the virtual node, "
+                "its pods, the tunnel and the identity"
+            ),
+            stuck=f"the ForeignCluster {provider_id} is still there after {args.timeout:.0f}s: is the "
+            "consumer agent running? (its finalizer undoes the peering)",
+        ):  # fmt: skip
+            removed.append(f"consumer: ForeignCluster {provider_id}")
+            progress.step(f"virtual node {node_name(provider_id)} gone")
         with contextlib.suppress(NotFound):
-            await consumer.get(NODES, node)
-            await _evict_pods_on(consumer, node, progress, args.timeout)
-            progress.step(f"pods on {node} removed")
-        try:
-            await consumer.delete(VIRTUALNODES, provider_id, flow.CONSUMER_NAMESPACE)
-            progress.step(f"VirtualNode {provider_id} deleted")
-        except NotFound:
-            pass
-        # the virtual kubelet removes its node; without a running agent nobody would: do it here
-        try:
-            await wait_gone(consumer, NODES, node, None, timeout=30)
-        except flow.PeeringError:
-            with contextlib.suppress(NotFound):
-                await consumer.delete(NODES, node)
-            await wait_gone(consumer, NODES, node, None, timeout=args.timeout)
-        progress.step(f"virtual node {node} gone")
-        fabric, left = await network_down(
-            consumer, provider, consumer_id=consumer_id, provider_id=provider_id,
-            timeout=args.timeout, progress=progress,
-        )  # fmt: skip
-        removed = fabric + await flow.teardown(
+            await consumer.delete(SECRETS, token_secret_name(provider_id), flow.CONSUMER_NAMESPACE)
+            removed.append(f"consumer: secret/{flow.CONSUMER_NAMESPACE}/{token_secret_name(provider_id)}")
+        removed += await flow.teardown(
             consumer,
             provider,
             consumer_id=consumer_id,
@@ -335,9 +462,24 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
             progress=progress.note,
         )
         progress.step(f"tenant {consumer_id} revoked on {provider_id} ({len(removed)} objects removed)")
-        for client, name in ((consumer, provider_id), (provider, consumer_id)):
-            with contextlib.suppress(NotFound):
-                await client.delete(FOREIGNCLUSTERS, name)
+        for side, cid, peer in (
+            ("consumer", consumer_id, provider_id),
+            ("provider", provider_id, consumer_id),
+        ):
+            agent = find_agent("gateway", f"{cid}-{peer}")
+            if agent is not None and agent.pid() is not None and had_network[side]:
+                # its PeerNetwork is gone: the gateway removes its tunnel, checks nothing is left, exits
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(exited(agent), args.timeout)
+                if agent.pid() is not None:
+                    await asyncio.to_thread(stop_agent, agent)
+                    left.append(
+                        f"{side}: the gateway towards {peer} did not finish its teardown (log: {agent.log})"
+                    )
+                elif found := [line for line in tail(agent.log, 20).splitlines() if "left behind:" in line]:
+                    left.append(f"{side}: the gateway towards {peer} left things behind: {'; '.join(found)}")
+            if agent is not None:
+                await asyncio.to_thread(stop_agent, agent)
         no_nodes = not (await consumer.list(VIRTUALNODES))["items"]
         no_tenants = not (await provider.list(TENANTS))["items"]
         if args.agents == "local":
@@ -345,10 +487,11 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
                 progress.step("consumer agent stopped (no virtual node left)")
             if no_tenants and stop_agent(Agent("provider", provider_id, "")):
                 progress.step("provider agent stopped (no tenant left)")
-        # the last peering gone: the cluster is as it was before the first one (CRDs aside)
-        if no_nodes and not await _peered_anywhere(consumer):
+        # the last peering gone: the cluster is as it was before the first one (CRDs aside). Not
+        # with controllers installed in the clusters: gpuferry-system is their namespace then
+        if args.agents == "local" and no_nodes and not await _peered_anywhere(consumer):
             removed += await _forget_cluster(consumer, "consumer", admission=True)
-        if no_tenants and not await _peered_anywhere(provider):
+        if args.agents == "local" and no_tenants and not await _peered_anywhere(provider):
             removed += await _forget_cluster(provider, "provider", admission=False)
     if left:
         raise UserError("unpeered, but the network fabric left things behind: " + "; ".join(left))
@@ -358,6 +501,14 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         lambda console: console.print(f"unpeered {consumer_id} from {provider_id}"),
     )
     return 0
+
+
+async def _exists(client: KubeClient, resource: Resource, name: str, namespace: str) -> bool:
+    try:
+        await client.get(resource, name, namespace)
+    except NotFound:
+        return False
+    return True
 
 
 async def _peered_anywhere(client: KubeClient) -> bool:
@@ -435,6 +586,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not set up the network fabric (by default each cluster's declared network, the "
         "ConfigMap kube-system/gpuferry-network with podCIDRs and serviceCIDRs, is joined by WireGuard)",
+    )
+    peer.add_argument(
+        "--remote-server",
+        metavar="URL",
+        help="the provider's API server as the consumer's agent reaches it (default: the one in "
+        "--remote-kubeconfig; give it when the agent runs elsewhere, e.g. in the consumer cluster)",
     )
     peer.add_argument(
         "--cluster-id", help="this cluster's ID, the first time (default: from the context name)"

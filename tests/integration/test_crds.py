@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpuferry"
 CRD_FILES = sorted((CHART / "crds").glob("*.yaml"))
-EXAMPLE_FILES = sorted((CHART / "examples").glob("*.yaml"))
+# every example of a custom resource; peering-token.yaml holds built-in kinds (checked against the
+# builders in tests/unit/peering/test_examples.py)
+EXAMPLE_FILES = sorted(p for p in (CHART / "examples").glob("*.yaml") if p.name != "peering-token.yaml")
 
 Obj = dict[str, Any]
 
@@ -596,7 +598,12 @@ def test_status_subresource_and_printer_columns(env: Env) -> None:
             "message": "",
             "lastTransitionTime": "2025-01-01T00:00:00Z",
         }
-        for t, s in [("Authenticated", "True"), ("NetworkReady", "False")]
+        for t, s in [
+            ("Authenticated", "True"),
+            ("SliceGranted", "True"),
+            ("VirtualNodeReady", "False"),
+            ("NetworkReady", "False"),
+        ]
     ]
     env.patch(
         "ForeignCluster", fc["metadata"]["name"], {"status": {"conditions": conditions}}, subresource="status"
@@ -605,6 +612,7 @@ def test_status_subresource_and_printer_columns(env: Env) -> None:
     values = dict(zip(header, row, strict=True))
     assert (values["ROLE"], values["CLUSTERID"]) == ("Provider", "gpu-farm-a")
     assert (values["AUTHENTICATED"], values["NETWORK"]) == ("True", "False")
+    assert (values["SLICE"], values["VIRTUALNODE"]) == ("True", "False")
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,9 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
             netns = "gf-test-provider"
             gateway = find_agent("gateway", "gpu-farm-ml-eu")
             assert gateway is not None
-            iface = gateway.args[gateway.args.index("--iface") + 1]
+            # the gateway publishes the interface it made (an internal name: a hash of the object)
+            provider_pn = await provider_client.get(PEERNETWORKS, "ml-eu", "gpuferry-tenant-ml-eu")
+            iface = provider_pn["status"]["interface"]
             (wg_pid,) = wireguard_go_pids(iface, netns=netns)
             os.kill(wg_pid, signal.SIGKILL)
             await eventually("traffic after wireguard-go was killed", answers(here, REMOTE_POD, FROM_GW))
