@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import CSRS, NODES, SELFSUBJECTREVIEWS, ObjectKey, RawObject
@@ -68,7 +69,8 @@ class KubeletCsrApprover:
                 self.queue.add(item.key)
 
     async def _watch_nodes(self) -> None:
-        async for item in watch_objects(self.consumer, NODES, label_selector="type=virtual-kubelet"):
+        virtual = f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}"
+        async for item in watch_objects(self.consumer, NODES, label_selector=virtual):
             if not isinstance(item, Listed):
                 for key in self._waiting.pop(item.key.name, set()):
                     self.queue.add(key)
