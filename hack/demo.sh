@@ -33,6 +33,9 @@ step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider (and a W
 $gf peer --kubeconfig "$C" --remote-kubeconfig "$P" --cluster-id ml-eu --remote-cluster-id gpu-farm \
   --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "${network[@]}"
 
+step "consumer cluster: the ForeignCluster the controllers drove through its four conditions"
+"$kubectl" --kubeconfig "$C" get foreignclusters
+
 step "consumer cluster: a virtual node advertises them"
 "$kubectl" --kubeconfig "$C" get nodes -o custom-columns="$cols,LARGEST-BLOCK:.metadata.labels.gpuferry\.io/largest-gpu-block"
 
