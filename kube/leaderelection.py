@@ -90,10 +90,6 @@ class LeaderElector:
             lease: RawObject | None = await self.client.get(LEASES, self.name, self.namespace)
         except NotFound:
             lease = None
-        if lease is None:
-            with contextlib.suppress(AlreadyExists):
-                await self.client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                                      "metadata": {"name": self.namespace}})
         if lease is not None:
             spec = lease.get("spec") or {}
             holder = spec.get("holderIdentity")
@@ -103,12 +99,22 @@ class LeaderElector:
                 return False
         try:
             if lease is None:
-                await self.client.create(LEASES, self._body(None, now))
+                await self._create(now)
             else:
                 await self.client.replace(LEASES, self.name, self._body(lease, now), self.namespace)
         except (AlreadyExists, Conflict):
             return False
         return True
+
+    async def _create(self, now: datetime) -> None:
+        try:
+            await self.client.create(LEASES, self._body(None, now))
+        except NotFound:  # no namespace yet (a local run before any peering): make it, once. In a
+            # cluster the chart made it, and the component's account may not create namespaces
+            with contextlib.suppress(AlreadyExists):
+                await self.client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": self.namespace}})  # fmt: skip
+            await self.client.create(LEASES, self._body(None, now))
 
     async def acquire(self) -> None:
         """Wait until this identity holds the Lease."""

@@ -84,6 +84,11 @@ class IssuedIdentity:
 
 
 async def _ensure_namespace(client: KubeClient, name: str, labels: Mapping[str, str]) -> None:
+    """Made when missing; an existing one is only read (an installed controller's account may
+    read namespaces, not create them)."""
+    with contextlib.suppress(NotFound):
+        await client.get(NAMESPACES, name)
+        return
     with contextlib.suppress(AlreadyExists):
         await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
                                          "metadata": {"name": name, "labels": dict(labels)}})
