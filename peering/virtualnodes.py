@@ -68,6 +68,9 @@ class SupervisorSettings:
     """Run each virtual kubelet with its kubelet API (logs, exec…) on a free loopback port."""
     kubelet_self_approve: bool = False
     """Let each virtual kubelet approve its own serving certificate (embedded mode only)."""
+    node_address: str = "127.0.0.1"
+    """Where the kubelet APIs listen and what their Nodes report as InternalIP: loopback for
+    local processes, the pod's IP in a cluster (the API server dials it for logs and exec)."""
     stop_grace: float = 10.0
     max_backoff: float = 60.0
 
@@ -96,7 +99,8 @@ class _Child:
         if s.consumer_kubeconfig is not None:
             cmd += ["--consumer-kubeconfig", str(s.consumer_kubeconfig)]
         if s.kubelet_api:
-            cmd += ["--kubelet-api", "--kubelet-port", str(_free_port())]
+            port = _free_port(s.node_address)
+            cmd += ["--kubelet-api", "--node-address", s.node_address, "--kubelet-port", str(port)]
             if s.kubelet_self_approve:
                 cmd.append("--kubelet-csr-self-approve")
         return cmd + list(s.extra_args)
@@ -182,9 +186,9 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _free_port() -> int:
+def _free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return int(sock.getsockname()[1])
 
 

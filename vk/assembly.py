@@ -96,7 +96,7 @@ def build_virtual_kubelet(
     services = [c for c in copiers if isinstance(c, ServiceReflector)]
     add_address_followers(manager, settings, **sides, node=node, pods=pods, services=services)
     if settings.kubelet_api:
-        add_kubelet_api(manager, settings, **sides, local=local, remote=remote)
+        add_kubelet_api(manager, settings, **sides, local=local, remote=remote, node=node)
     add_resync(manager, settings, pods=pods, copiers=copiers)
     return manager
 
@@ -270,17 +270,22 @@ def add_address_followers(
 
 
 def add_kubelet_api(manager: Manager, settings: VirtualKubeletSettings, *, consumer: KubeClient,
-                    provider: KubeClient, local: Informer, remote: RemoteSide) -> None:  # fmt: skip
-    """logs, exec, attach, port-forward, pods, stats: TLS on ``node_address:kubelet_port``."""
-    node = settings.effective_node_name
-    ctx = KubeletContext(node_name=node, provider=provider, local_pod=local.get, twin_pod=remote.get,
+                    provider: KubeClient, local: Informer, remote: RemoteSide,
+                    node: NodeController) -> None:  # fmt: skip
+    """logs, exec, attach, port-forward, pods, stats: TLS on ``node_address:kubelet_port``. Its
+    serving certificate is asked for once the Node reports this address: an approver checks the
+    certificate's addresses against the Node's, and a Node that still shows an earlier address
+    (its kubelet moved to another pod) would get the request denied."""
+    name = settings.effective_node_name
+    ctx = KubeletContext(node_name=name, provider=provider, local_pod=local.get, twin_pod=remote.get,
                          local_keys=local.keys, started=datetime.datetime.now(datetime.UTC))  # fmt: skip
-    certificate = ServingCertificate(consumer, node_name=node, addresses=(settings.node_address,),
+    certificate = ServingCertificate(consumer, node_name=name, addresses=(settings.node_address,),
                                      self_approve=settings.kubelet_csr_self_approve,
                                      expiration_seconds=settings.kubelet_cert_seconds,
                                      sign_timeout=120.0)  # fmt: skip
 
     async def serve() -> None:
+        await node.registered.wait()
         await serve_kubelet_api(consumer=consumer, ctx=ctx, certificate=certificate,
                                 host=settings.node_address, port=settings.kubelet_port)  # fmt: skip
 

@@ -27,6 +27,7 @@ async def _main(args: argparse.Namespace, kubeconfig: Path | None) -> None:
             namespace=args.namespace,
             log_dir=args.log_dir,
             kubelet_self_approve=args.kubelet_csr_self_approve,
+            node_address=args.virtual_kubelet_address,
             probes=probe_settings(args),
             leader_election=leader_election_settings(args),
         )
@@ -49,6 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         "--kubelet-csr-self-approve",
         action="store_true",
         help="virtual kubelets approve their own serving certificates (local clusters only)",
+    )
+    parser.add_argument(
+        "--virtual-kubelet-address",
+        default="127.0.0.1",
+        help="where the virtual kubelets' APIs listen, reported as their Nodes' InternalIP "
+        "(default 127.0.0.1; in a pod its IP, for the API server to reach logs and exec)",
     )
     add_runtime_arguments(parser, lease_name=LEASE_NAME)
     args = parser.parse_args(argv)

@@ -49,6 +49,7 @@ def build_consumer(
     namespace: str | None,
     log_dir: Path | None,
     kubelet_self_approve: bool = False,
+    node_address: str = "127.0.0.1",
     probes: ProbeSettings | None = None,
     leader_election: LeaderElectionSettings | None = None,
     queue: QueueSettings | None = None,
@@ -139,6 +140,7 @@ def build_consumer(
         namespace=namespace,
         log_dir=log_dir,
         kubelet_self_approve=kubelet_self_approve,
+        node_address=node_address,
     )
     manager.add_task("virtual-kubelets", VirtualNodeSupervisor(client, settings).run)
     if not kubelet_self_approve:  # the agent checks and approves its kubelets' serving certificates
