@@ -232,6 +232,38 @@ def _setup_node(net: LocalNetwork, pod_cidr: str) -> None:
     )  # fmt: skip
     if nft.returncode:
         raise NetworkFailed(f"nft in {net.node_netns} exited {nft.returncode}: {nft.stderr.strip()}")
+    # the control plane reaches the node's pods, as in a real cluster (a kubelet API or a webhook
+    # served from a pod): the host routes the node's pod range to it. The host itself never
+    # forwards from the WAN back to the WAN (host_nft_script), so this opens no path between clusters
+    nft = subprocess.run(["nft", "-f", "-"], input=host_nft_script(net), capture_output=True, text=True,
+                         timeout=20)  # fmt: skip
+    if nft.returncode:
+        raise NetworkFailed(f"nft on the host exited {nft.returncode}: {nft.stderr.strip()}")
+    # Profiles share the nodes' pod ranges (every profile's consumer node has 10.244.10.0/24): the
+    # first profile up owns the route, another one's control plane does not reach its pods.
+    if not _ip("route", "show", pod_cidr).stdout.strip():
+        _ip("route", "add", pod_cidr, "via", net.node_address, "dev", net.host_link)
+
+
+def host_nft_table(net: LocalNetwork) -> str:
+    return f"gf-{net.host_link}"
+
+
+def host_nft_script(net: LocalNetwork) -> str:
+    """The host's guard (one per profile): nothing that comes in from the WAN is forwarded back
+    to it, whatever ``net.ipv4.ip_forward`` says, so routes to the nodes' pods open no path from one
+    cluster to another. Pure."""
+    table = host_nft_table(net)
+    return (
+        f"table inet {table}\n"
+        f"delete table inet {table}\n"
+        f"table inet {table} {{\n"
+        "  chain forward {\n"
+        "    type filter hook forward priority filter; policy accept;\n"
+        f'    iifname "{net.host_link}" oifname "{net.host_link}" drop\n'
+        "  }\n"
+        "}\n"
+    )
 
 
 def _kill_inside(netns: str) -> None:
@@ -251,6 +283,8 @@ def remove_network(spec: ClusterSpec) -> bool:
         return False
     net = local_network(spec)
     removed = False
+    if spec.real_node is not None:  # its route goes with the node (the host's link may stay)
+        _ip("route", "del", spec.real_node.pod_cidr, "via", net.node_address, check=False)
     for netns in (net.netns, net.node_netns):
         if _netns_exists(netns):
             _kill_inside(netns)
@@ -267,6 +301,9 @@ def remove_network(spec: ClusterSpec) -> bool:
         _ip("netns", "del", net.wan_netns, check=False)  # its veths go with it, the host's too
     if not others and _host_link_exists(net.host_link):
         _ip("link", "del", net.host_link, check=False)
+    if not others:
+        subprocess.run(["nft", "delete", "table", "inet", host_nft_table(net)],
+                       capture_output=True, timeout=20, check=False)  # fmt: skip
     return removed
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hack.localcluster import LocalCluster, profile_clusters
-from hack.localcluster.network import local_network
+from hack.localcluster.network import host_nft_table, local_network
 from hack.localcluster.nodeconfig import cgroup_root
 from hack.localcluster.processes import port_in_use, running
 
@@ -70,6 +70,13 @@ def _leftovers(cluster: LocalCluster, shim_sockets: list[Path]) -> list[str]:
     found += [f"shim socket {s}" for s in shim_sockets if s.exists()]
     if Path(f"/sys/class/net/{net.host_link}").exists():
         found.append(f"host interface {net.host_link}")
+    if cluster.spec.real_node is not None:
+        # its own route (another profile's clusters, up beside it, route the same range elsewhere)
+        show = ["ip", "route", "show", cluster.spec.real_node.pod_cidr, "via", net.node_address]
+        routes = subprocess.run(show, capture_output=True, text=True).stdout.strip()
+        found += [f"host route {routes}"] if routes else []
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    found += [f"host nft {t}" for t in tables.splitlines() if t.endswith(host_nft_table(net))]
     return found
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hack.localcluster import addons
-from hack.localcluster.network import local_network, node_nft_script
+from hack.localcluster.network import host_nft_script, host_nft_table, local_network, node_nft_script
 from hack.localcluster.nodeconfig import (
     NodePaths,
     cgroup_root,
@@ -196,5 +196,36 @@ def test_node_masquerade_table_loads_in_real_nftables(tmp_path: Path) -> None:
             f'oifname "wan" ip saddr {spec.real_node.pod_cidr} ip daddr != {spec.real_node.pod_cidr}'
             in listed
         )
+    finally:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+
+
+@pytest.mark.skipif(
+    not (os.geteuid() == 0 and shutil.which("nft") and shutil.which("ip")) and not os.environ.get("CI"),
+    reason="needs root, ip and nft (runs in CI)",
+)
+def test_host_guard_table_drops_wan_to_wan_forwarding(tmp_path: Path) -> None:
+    """The host routes each node's pods (the control plane reaches them) but never forwards from
+    the WAN back to it: no path from one cluster's pods to another's."""
+    net = local_network(cluster_specs("test", tmp_path)["consumer"])
+    netns = f"gfunit-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    try:
+        for _ in range(2):  # applied again: replaced, not doubled
+            subprocess.run(
+                ["ip", "netns", "exec", netns, "nft", "-f", "-"],
+                input=host_nft_script(net),
+                text=True,
+                check=True,
+            )
+        listed = subprocess.run(
+            ["ip", "netns", "exec", netns, "nft", "list", "table", "inet", host_nft_table(net)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert listed.count(" drop") == 1
+        assert f'iifname "{net.host_link}" oifname "{net.host_link}" drop' in listed
+        assert "hook forward" in listed
     finally:
         subprocess.run(["ip", "netns", "del", netns], check=False)
