@@ -1,6 +1,7 @@
 """The Helm chart: rendered and checked against the real API servers, bad values refused with a
 clear message, and installed on both local clusters (their real nodes run the gpuferry image),
-where the controllers peer and offload as pods, without any local agent.
+where the controllers peer and offload as pods, without any local agent, and the API server
+reaches the kubelet API of a virtual kubelet that runs in a pod.
 
 What it does not cover yet (issue 13 goes on): the virtual kubelets as Deployments of their own,
 the gateway and route agent as pods (the test peers with --no-network), ``gpuferry install``.
@@ -192,6 +193,11 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert running["spec"]["nodeName"] == virtual_node_name("gpu-farm")
         twins = (await provider_client.list(PODS, namespace="chart-work-ml-eu"))["items"]
         assert [t["status"]["phase"] for t in twins] == ["Running"]
+        # the API server dials the virtual kubelet's API at the consumer pod's address (logs and
+        # exec go that way): its /pods, through the node proxy, lists the pod
+        proxy = f"/api/v1/nodes/{virtual_node_name('gpu-farm')}/proxy/pods"
+        listed = json.loads(consumer.kubectl("get", "--raw", proxy))
+        assert [p["metadata"]["name"] for p in listed["items"]] == ["train"]
         await cli.ok("unoffload", "namespace", "chart-work", "--kubeconfig", cli.c)
     finally:
         consumer.kubectl("delete", "namespace", "chart-work", "--wait=false")
