@@ -82,10 +82,32 @@ def remote_side(settings: VirtualKubeletSettings, provider: KubeClient, view: Pr
     return AdminSide(provider, settings=settings, view=view)
 
 
-class AdminSide:
+class _TwinStore(Protocol):
+    def get(self, key: ObjectKey) -> RawObject | None: ...
+    def keys(self) -> list[ObjectKey]: ...
+    def values(self) -> list[RawObject]: ...
+
+
+class _TwinsRead:
+    """The store part of a :class:`RemoteSide`: what ``twins`` holds, read as it is."""
+
+    twins: _TwinStore
+
+    def get(self, key: ObjectKey) -> RawObject | None:
+        return self.twins.get(key)
+
+    def keys(self) -> list[ObjectKey]:
+        return self.twins.keys()
+
+    def values(self) -> list[RawObject]:
+        return self.twins.values()
+
+
+class AdminSide(_TwinsRead):
     """A provider admin's view: twins everywhere by owner label; twin namespaces made here."""
 
     name = "admin"
+    twins: Informer
 
     def __init__(self, provider: KubeClient, *, settings: VirtualKubeletSettings, view: ProviderView) -> None:
         self.provider = provider
@@ -96,15 +118,6 @@ class AdminSide:
         self.informers: Sequence[Informer] = [self.twins]
         self.synced = self.twins.synced
         self._namespaces: set[str] = set()
-
-    def get(self, key: ObjectKey) -> RawObject | None:
-        return self.twins.get(key)
-
-    def keys(self) -> list[ObjectKey]:
-        return self.twins.keys()
-
-    def values(self) -> list[RawObject]:
-        return self.twins.values()
 
     def knows(self, key: ObjectKey) -> bool:
         return self.twins.synced.is_set()
@@ -142,10 +155,11 @@ class AdminSide:
         return {"watch-provider-nodes": self.view.watch_nodes, "watch-provider-pods": self.view.watch_pods}
 
 
-class TenantSide:
+class TenantSide(_TwinsRead):
     """A tenant's view: twin namespaces the provider made, the grant of one GPUSlice."""
 
     name = "tenant"
+    twins: TwinNamespaces
 
     def __init__(self, provider: KubeClient, *, settings: VirtualKubeletSettings, view: ProviderView) -> None:
         self.provider = provider
@@ -159,15 +173,6 @@ class TenantSide:
                                     on_synced=view.mark_pods_synced, settings=settings.watch)  # fmt: skip
         self.informers: Sequence[Informer] = [self.twins.requests]
         self.synced = self.twins.synced
-
-    def get(self, key: ObjectKey) -> RawObject | None:
-        return self.twins.get(key)
-
-    def keys(self) -> list[ObjectKey]:
-        return self.twins.keys()
-
-    def values(self) -> list[RawObject]:
-        return self.twins.values()
 
     def knows(self, key: ObjectKey) -> bool:
         return self.twins.knows(key.namespace or "")

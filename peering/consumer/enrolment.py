@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
+from kube.errors import KubeError, NetworkError, NotFound
 from kube.objects import SECRETS, RawObject, meta
 
 from .. import flow
@@ -24,7 +24,7 @@ from ..resources import identity_secret_name
 from .passes import Pass, Waiting
 from .providers import ProviderClients
 
-__all__ = ["Enrolment"]
+__all__ = ["Enrolment", "request_failed"]
 
 
 def _b64(text: str) -> bytes:
@@ -38,6 +38,15 @@ def fingerprint(*parts: str | bytes | None) -> str:
         digest.update(part if isinstance(part, bytes) else str(part).encode())
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def request_failed(error: KubeError, server: str) -> Waiting:
+    """How a failed enrolment request reads in the Authenticated condition: the provider out of
+    reach, or an API that answered no (on either side: a consumer whose account may not write
+    its identity Secret must not read as an unreachable provider). Pure."""
+    if isinstance(error, NetworkError):
+        return Waiting("Authenticated", "ProviderUnreachable", f"{server}: {error}", retry=5)
+    return Waiting("Authenticated", "RequestFailed", str(error), retry=10)
 
 
 class Enrolment:
@@ -107,7 +116,7 @@ class Enrolment:
         except flow.PeeringError as e:
             raise Waiting("Authenticated", "Refused", str(e), retry=30) from None
         except KubeError as e:
-            raise Waiting("Authenticated", "ProviderUnreachable", f"{server}: {e}", retry=5) from None
+            raise request_failed(e, server) from None
         if issued is None:
             raise Waiting(
                 "Authenticated", "Issuing", "the provider has not issued the certificate yet", retry=1

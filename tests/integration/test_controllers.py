@@ -35,7 +35,7 @@ from hack.localcluster import LocalCluster
 from kube.api import SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import FOREIGNCLUSTERS, LEASES, NAMESPACES, NODES, PODS, RawObject
+from kube.objects import FOREIGNCLUSTERS, LEASES, NAMESPACES, NODES, PEERNETWORKS, PODS, RawObject
 from peering.admission import BINDING_NAME, POLICY_NAME
 from peering.clusterid import read_cluster_id
 from peering.consumer.app import LEASE_NAME as CONSUMER_LEASE
@@ -390,7 +390,7 @@ async def test_kubectl_apply_alone_peers_and_offloads(
 
 async def test_gpuferry_peer_with_controllers_running_elsewhere(
     controllers: Controllers, peers: tuple[str, str], consumer: LocalCluster, provider: LocalCluster,
-    provider_client: KubeClient, tmp_path: Path,
+    consumer_client: KubeClient, provider_client: KubeClient, tmp_path: Path,
 ) -> None:  # fmt: skip
     """``--agents none``: the CLI starts nothing; it writes the objects and waits for the
     controllers above (and the gateways) to do the peering, network included."""
@@ -403,9 +403,16 @@ async def test_gpuferry_peer_with_controllers_running_elsewhere(
     assert (result["consumer"], result["provider"]) == (consumer_id, provider_id)
     assert result["network"]["consumer"]["remappedPodCIDRs"], result["network"]
     assert not (tmp_path / "cache" / "agents").exists() or not list((tmp_path / "cache" / "agents").iterdir())
-    # the gateways started here (not by the CLI) carry the tunnel: their logs say so
-    for gateways in controllers.gateways:
-        assert "handshake" in gateways.output().lower() or "ready" in gateways.output().lower()
+    # the gateways started here (not by the CLI) carry the tunnel: each PeerNetwork is Ready,
+    # with the interface its gateway made, and each gateway's log names its PeerNetwork
+    for client, key, gateways in (
+        (consumer_client, (provider_id, SYSTEM_NAMESPACE), controllers.gateways[0]),
+        (provider_client, (consumer_id, tenant_namespace(consumer_id)), controllers.gateways[1]),
+    ):
+        peer_network = await client.get(PEERNETWORKS, *key)
+        assert (condition(peer_network, "NetworkReady") or {}).get("status") == "True", peer_network["status"]
+        assert peer_network["status"]["interface"].startswith("gf")
+        assert f"PeerNetwork {key[1]}/{key[0]}" in gateways.output()
     out = await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--agents", "none",
                        "-o", "json")  # fmt: skip
     assert json.loads(out)["provider"] == provider_id

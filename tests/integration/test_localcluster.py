@@ -166,8 +166,7 @@ def test_a_port_in_use_is_one_clear_error_and_nothing_starts(scratch: LocalClust
 
 
 def test_a_failed_image_build_is_one_clear_error(scratch: LocalCluster, tmp_path: Path) -> None:
-    if not scratch.has_real_node:
-        pytest.skip("images are built for the real node, which needs root (runs in CI)")
+    assert scratch.has_real_node, "images are built for the real node: run the tests as root (hack/setup.sh)"
     # a cache with every binary but where the images cannot be written (a full or broken disk)
     cache = tmp_path / "cache"
     cache.mkdir()

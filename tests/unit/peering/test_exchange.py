@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from kube.declaration import Declaration
+from kube.errors import Forbidden, Unreachable
+from kube.objects import ObjectKey
 from peering.consumer.builders import (
     consumer_network,
     consumer_peer_network,
@@ -16,6 +18,7 @@ from peering.consumer.builders import (
     virtual_node,
     virtual_node_spec_from_grant,
 )
+from peering.consumer.enrolment import request_failed
 from peering.provider.networks import consumer_foreign_cluster, provider_peer_network, published_network
 
 KEY_A = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg="
@@ -156,3 +159,17 @@ def test_the_consumer_describes_the_provider_once_it_published_its_cidrs() -> No
 def test_a_consumer_of_this_provider_is_a_foreign_cluster_here() -> None:
     fc = consumer_foreign_cluster("ml-eu")
     assert fc["spec"] == {"clusterID": "ml-eu", "role": "Consumer"}
+
+
+def test_a_failed_enrolment_request_names_its_cause() -> None:
+    away = request_failed(Unreachable("connection refused"), "https://gpu-farm:6443")
+    assert (away.reason, away.retry) == ("ProviderUnreachable", 5)
+    assert away.message.startswith("https://gpu-farm:6443: ")
+    denied = request_failed(
+        Forbidden("secrets is forbidden", status=403, reason="Forbidden",
+                  object_key=ObjectKey("gpuferry-system", "gpuferry-identity-gpu-farm")),
+        "https://gpu-farm:6443",
+    )  # fmt: skip
+    assert denied.reason == "RequestFailed", "an answer that says no is not an unreachable provider"
+    assert "secrets is forbidden" in denied.message and "gpuferry-identity-gpu-farm" in denied.message
+    assert "https://gpu-farm" not in denied.message
