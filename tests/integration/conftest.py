@@ -3,7 +3,9 @@ per test.
 
 The clusters are the same hack/localcluster code the demo runs. If they are already up (a
 developer keeps them between runs with GPUFERRY_KEEP_CLUSTERS=1), they are reused and left up;
-otherwise they are started here and torn down at the end of the session.
+otherwise they are started here and torn down at the end of the session. One session at a time
+holds a profile (a second one waits, see hack/localcluster/locking.py); clusters left up by a
+session that was killed are started afresh, since they carry its leftovers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hack.localcluster import LocalCluster, profile_clusters
+from hack.localcluster import LocalCluster, profile_clusters, second_provider
+from hack.localcluster.locking import ProfileLock
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, SERVICEACCOUNTS, RawObject
@@ -28,15 +31,21 @@ from .waiting import wait_for
 
 @pytest.fixture(scope="session")
 def clusters() -> Iterator[dict[str, LocalCluster]]:
-    found = profile_clusters(os.environ.get("GPUFERRY_TEST_PROFILE", "test"))
-    reused = all(st.running for c in found.values() for st in c.status())
-    for cluster in found.values():
-        cluster.up(progress=lambda msg: print(msg, flush=True))
-    yield found
-    failures = [str(f) for c in found.values() for f in c.crashed()]
-    if not reused and not os.environ.get("GPUFERRY_KEEP_CLUSTERS"):
+    profile = os.environ.get("GPUFERRY_TEST_PROFILE", "test")
+    with ProfileLock(profile, progress=lambda msg: print(msg, flush=True)) as lock:
+        found = profile_clusters(profile)
+        if not lock.previous_ended_cleanly:
+            print(f"the last session on profile {profile!r} was killed: its clusters start afresh", flush=True)
+            for cluster in [*found.values(), second_provider(profile, build=False)]:
+                cluster.down()
+        reused = all(st.running for c in found.values() for st in c.status())
         for cluster in found.values():
-            cluster.down()
+            cluster.up(progress=lambda msg: print(msg, flush=True))
+        yield found
+        failures = [str(f) for c in found.values() for f in c.crashed()]
+        if not reused and not os.environ.get("GPUFERRY_KEEP_CLUSTERS"):
+            for cluster in found.values():
+                cluster.down()
     assert not failures, "a cluster component crashed during the tests:\n" + "\n".join(failures)
 
 
