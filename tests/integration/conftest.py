@@ -35,7 +35,7 @@ def clusters() -> Iterator[dict[str, LocalCluster]]:
     with ProfileLock(profile, progress=lambda msg: print(msg, flush=True)) as lock:
         found = profile_clusters(profile)
         if not lock.previous_ended_cleanly:
-            print(f"the last session on profile {profile!r} was killed: its clusters start afresh", flush=True)
+            print(f"the last session on {profile!r} was killed: its clusters start afresh", flush=True)
             for cluster in [*found.values(), second_provider(profile, build=False)]:
                 cluster.down()
         reused = all(st.running for c in found.values() for st in c.status())
