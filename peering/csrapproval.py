@@ -5,9 +5,11 @@ approved, and nothing approves them by default (a real cluster runs an approver 
 against the Node). The consumer agent is that approver for gpuferry's virtual nodes: it approves a
 request only when all of this holds, as a careful kubelet CSR approver does:
 
-- it was made by the identity the virtual kubelets run as (the agent's own: it starts them);
+- it was made by an identity our virtual kubelets run as (the agent's own when it runs them as
+  processes; each VirtualNode's own ServiceAccount when they run as pods);
 - its subject is ``CN=system:node:<node>, O=system:nodes`` and ``<node>`` is the node of one of
-  our VirtualNodes, registered as a virtual kubelet;
+  our VirtualNodes, registered as a virtual kubelet, and the requester is that node's kubelet
+  (one virtual kubelet never gets a certificate for another's node);
 - its IP SANs are addresses the Node reports, its DNS SANs its hostnames, nothing else;
 - its usages are a serving certificate's (``server auth``, with digital signature and
   optionally key encipherment).
@@ -69,16 +71,17 @@ def node_of(csr: Mapping[str, Any]) -> str | None:
 def decide(
     csr: Mapping[str, Any],
     *,
-    requester: str,
-    virtual_nodes: set[str],
+    kubelets: Mapping[str, str],
     node: Mapping[str, Any] | None,
 ) -> Verdict:
-    """The verdict on ``csr``; ``node`` is the Node its subject names (None if not registered)."""
+    """The verdict on ``csr``. ``kubelets`` maps the node of each of our VirtualNodes to the
+    identity its kubelet runs as; ``node`` is the Node the subject names (None if not registered)."""
     spec = csr.get("spec") or {}
     if spec.get("signerName") != SIGNER or not _pending(csr):
         return Verdict(Decision.IGNORE, "not a pending kubelet-serving request")
-    if spec.get("username") != requester:
-        return Verdict(Decision.IGNORE, f"requested by {spec.get('username')!r}, not by the virtual kubelets")
+    username = spec.get("username")
+    if username not in set(kubelets.values()):
+        return Verdict(Decision.IGNORE, f"requested by {username!r}, not by the virtual kubelets")
     try:
         request = x509.load_pem_x509_csr(base64.b64decode(spec.get("request") or ""))
     except ValueError as e:
@@ -89,8 +92,10 @@ def decide(
     orgs = [str(a.value) for a in request.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
     if name is None or orgs != ["system:nodes"]:
         return Verdict(Decision.DENY, f"subject {request.subject.rfc4514_string()} is not a kubelet's")
-    if name not in virtual_nodes:
+    if name not in kubelets:
         return Verdict(Decision.DENY, f"node {name} is not one of gpuferry's virtual nodes")
+    if kubelets[name] != username:
+        return Verdict(Decision.DENY, f"node {name}'s kubelet runs as {kubelets[name]}, not {username}")
     usages = set(spec.get("usages") or [])
     if "server auth" not in usages or not usages <= _ALLOWED_USAGES:
         return Verdict(Decision.DENY, f"usages {sorted(usages)} are not a serving certificate's")

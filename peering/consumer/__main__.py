@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
@@ -14,10 +16,41 @@ from kube.leaderelection import LostLeadership
 from kube.logs import setup_logging
 from kube.settings import ClientSettings, LoggingSettings
 
+from ..kubeletworkload import KubeletWorkloadSettings
 from .app import LEASE_NAME, build_consumer
 
 
-async def _main(args: argparse.Namespace, kubeconfig: Path | None) -> None:
+def kubelet_pod_settings(
+    args: argparse.Namespace, parser: argparse.ArgumentParser
+) -> KubeletWorkloadSettings | None:
+    """The settings of virtual kubelets run as pods (``--virtual-kubelets pods``), else None."""
+    if args.virtual_kubelets != "pods":
+        return None
+    if not args.virtual_kubelet_image:
+        parser.error("--virtual-kubelets pods needs --virtual-kubelet-image (the image of this agent)")
+    try:
+        pod: dict[str, Any] = json.loads(args.virtual_kubelet_pod or "{}")
+    except json.JSONDecodeError as exc:
+        parser.error(f"--virtual-kubelet-pod is not JSON: {exc}")
+    unknown = set(pod) - {"nodeSelector", "tolerations", "resources", "labels"}
+    if not isinstance(pod, dict) or unknown:
+        keys = "nodeSelector, tolerations, resources and labels"
+        parser.error(f"--virtual-kubelet-pod takes {keys}; got {sorted(unknown)}")
+    return KubeletWorkloadSettings(
+        image=args.virtual_kubelet_image,
+        pull_policy=args.virtual_kubelet_pull_policy,
+        namespace=args.namespace,
+        cluster_role=args.virtual_kubelet_cluster_role,
+        node_selector=pod.get("nodeSelector") or {},
+        tolerations=pod.get("tolerations") or (),
+        resources=pod.get("resources") or {},
+        labels=pod.get("labels") or {},
+    )
+
+
+async def _main(
+    args: argparse.Namespace, kubeconfig: Path | None, kubelet_pods: KubeletWorkloadSettings | None
+) -> None:
     # SIGTERM (gpuferry agents stop, a pod's termination) ends the agent cleanly: its virtual
     # kubelets are stopped by the supervisor instead of being orphaned, its Lease released
     async with KubeClient.from_config(kubeconfig, args.context, settings=ClientSettings.from_env()) as client:
@@ -30,6 +63,7 @@ async def _main(args: argparse.Namespace, kubeconfig: Path | None) -> None:
             node_address=args.virtual_kubelet_address,
             probes=probe_settings(args),
             leader_election=leader_election_settings(args),
+            kubelet_pods=kubelet_pods,
         )
         await manager.run(handle_signals=True)
 
@@ -57,11 +91,33 @@ def main(argv: list[str] | None = None) -> int:
         help="where the virtual kubelets' APIs listen, reported as their Nodes' InternalIP "
         "(default 127.0.0.1; in a pod its IP, for the API server to reach logs and exec)",
     )
+    parser.add_argument(
+        "--virtual-kubelets",
+        choices=("processes", "pods"),
+        default="processes",
+        help="run each VirtualNode's virtual kubelet as a process of this agent (development, "
+        "the default) or as a Deployment in the cluster (what the chart sets)",
+    )
+    parser.add_argument("--virtual-kubelet-image", help="image of the virtual kubelets' pods (this agent's)")
+    parser.add_argument(
+        "--virtual-kubelet-pull-policy",
+        default="IfNotPresent",
+        choices=("Always", "IfNotPresent", "Never"),
+        help="their imagePullPolicy",
+    )
+    parser.add_argument("--virtual-kubelet-cluster-role", default="gpuferry-virtual-kubelet",
+                        help="the ClusterRole each kubelet's ServiceAccount is bound to")  # fmt: skip
+    parser.add_argument(
+        "--virtual-kubelet-pod",
+        metavar="JSON",
+        help='their pods\' {"nodeSelector", "tolerations", "resources", "labels"}',
+    )
     add_runtime_arguments(parser, lease_name=LEASE_NAME)
     args = parser.parse_args(argv)
+    kubelet_pods = kubelet_pod_settings(args, parser)
     setup_logging(LoggingSettings.from_env())
     try:
-        asyncio.run(_main(args, Path(args.kubeconfig).resolve() if args.kubeconfig else None))
+        asyncio.run(_main(args, Path(args.kubeconfig).resolve() if args.kubeconfig else None, kubelet_pods))
     except LostLeadership as exc:  # a standby leads now; exit so that this one starts over as one
         logging.getLogger("peering.consumer").error("%s; exiting", exc)
         return 1

@@ -7,8 +7,11 @@ Controllers, each while this replica holds the agent's Lease:
   Tenant and GPUSlice on the provider;
 * ``namespace_offloadings`` (:mod:`.offloadings`): offloaded namespaces and their twin namespaces;
 
-and tasks: one virtual kubelet per VirtualNode (:mod:`peering.virtualnodes`), and the approver
-of their serving certificates (:mod:`.csrs`).
+* ``virtual_kubelets`` (:mod:`.kubelets`), in a cluster: one virtual-kubelet Deployment per
+  VirtualNode;
+
+and tasks: outside a cluster, one virtual kubelet process per VirtualNode instead
+(:mod:`peering.virtualnodes`); the approver of their serving certificates (:mod:`.csrs`).
 """
 
 from __future__ import annotations
@@ -22,16 +25,28 @@ from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.informers import Change, Informer
 from kube.manager import Controller, Manager
-from kube.objects import CONFIGMAPS, FOREIGNCLUSTERS, NODES, PEERNETWORKS, VIRTUALNODES, ObjectKey, labels
+from kube.objects import (
+    CONFIGMAPS,
+    DEPLOYMENTS,
+    FOREIGNCLUSTERS,
+    NODES,
+    PEERNETWORKS,
+    PODS,
+    VIRTUALNODES,
+    ObjectKey,
+    labels,
+)
 from kube.queueing import KeyedQueue
 from kube.settings import LeaderElectionSettings, ProbeSettings, QueueSettings
 
 from ..admission import OFFLOADING_NAME
 from ..clusterid import CLUSTER_ID_CONFIGMAP
+from ..kubeletworkload import COMPONENT, KubeletWorkloadSettings
 from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
 from .foreignclusters import ForeignClusterReconciler
+from .kubelets import VirtualKubeletDeployer, virtual_node_key
 from .offloadings import NamespaceOffloadingReconciler
 from .providers import ProviderClients, ProviderWatches
 
@@ -53,7 +68,10 @@ def build_consumer(
     probes: ProbeSettings | None = None,
     leader_election: LeaderElectionSettings | None = None,
     queue: QueueSettings | None = None,
+    kubelet_pods: KubeletWorkloadSettings | None = None,
 ) -> Manager:
+    """``kubelet_pods``: run the virtual kubelets as Deployments with these settings (in a
+    cluster); None: as processes of this agent."""
     system = namespace or SYSTEM_NAMESPACE
     queue = queue or QueueSettings(workers=4)
     fc_q: KeyedQueue[ObjectKey] = KeyedQueue("foreign_clusters", settings=queue)
@@ -135,16 +153,20 @@ def build_consumer(
             informers=[offloadings, nodes],
         )
     )
-    settings = SupervisorSettings(
-        consumer_kubeconfig=kubeconfig,
-        namespace=namespace,
-        log_dir=log_dir,
-        kubelet_self_approve=kubelet_self_approve,
-        node_address=node_address,
-    )
-    manager.add_task("virtual-kubelets", VirtualNodeSupervisor(client, settings).run)
+    if kubelet_pods is not None:
+        _add_kubelet_deployments(manager, client, kubelet_pods, virtual_node_objects, queue)
+    else:
+        settings = SupervisorSettings(
+            consumer_kubeconfig=kubeconfig,
+            namespace=namespace,
+            log_dir=log_dir,
+            kubelet_self_approve=kubelet_self_approve,
+            node_address=node_address,
+        )
+        manager.add_task("virtual-kubelets", VirtualNodeSupervisor(client, settings).run)
     if not kubelet_self_approve:  # the agent checks and approves its kubelets' serving certificates
-        manager.add_task("approve-kubelet-csrs", KubeletCsrApprover(client, namespace).run)
+        approver = KubeletCsrApprover(client, namespace, pods=kubelet_pods is not None)
+        manager.add_task("approve-kubelet-csrs", approver.run)
 
     async def close_provider_clients() -> None:
         try:
@@ -155,3 +177,33 @@ def build_consumer(
 
     manager.add_task("provider-clients", close_provider_clients, leader_only=False)
     return manager
+
+
+def _add_kubelet_deployments(
+    manager: Manager,
+    client: KubeClient,
+    settings: KubeletWorkloadSettings,
+    virtual_nodes: Informer,
+    queue: QueueSettings,
+) -> None:
+    """The ``virtual_kubelets`` controller: woken by its VirtualNodes and by the Deployments and
+    pods of their kubelets (a pod that cannot pull its image shows on the VirtualNode at once)."""
+    q: KeyedQueue[ObjectKey] = KeyedQueue("virtual_kubelets", settings=queue)
+    ours = f"app.kubernetes.io/component={COMPONENT}"
+    deployments = Informer(client, DEPLOYMENTS, name="virtual-kubelet-deployments",
+                           namespace=settings.namespace, label_selector=ours)  # fmt: skip
+    pods = Informer(client, PODS, name="virtual-kubelet-pods", namespace=settings.namespace,
+                    label_selector=ours)  # fmt: skip
+
+    def owner_changed(change: Change) -> None:
+        key = virtual_node_key(change.object)
+        if key is not None:
+            q.add(key)
+
+    virtual_nodes.add_handler(lambda change: q.add(change.key))
+    deployments.add_handler(owner_changed)
+    pods.add_handler(owner_changed)
+    deployer = VirtualKubeletDeployer(client, settings, deployments=deployments, pods=pods)
+    controller = Controller("virtual_kubelets", q, deployer, kind="VirtualNode", logger=logger,
+                            informers=[virtual_nodes, deployments, pods])  # fmt: skip
+    manager.add_controller(controller)

@@ -23,6 +23,7 @@ from kube.tasks import run_supervised
 from kube.watching import Listed, watch_objects
 
 from ..csrapproval import SIGNER, Decision, decide, node_of
+from ..kubeletworkload import identity
 from ..virtualnodes import VIRTUALNODES
 
 __all__ = ["KubeletCsrApprover", "whoami"]
@@ -41,16 +42,21 @@ async def whoami(client: KubeClient) -> str:
 
 
 class KubeletCsrApprover:
-    def __init__(self, consumer: KubeClient, namespace: str | None) -> None:
+    """``pods``: the virtual kubelets run as pods, each as its VirtualNode's ServiceAccount;
+    otherwise as processes of this agent, with its identity."""
+
+    def __init__(self, consumer: KubeClient, namespace: str | None, *, pods: bool = False) -> None:
         self.consumer = consumer
         self.namespace = namespace
+        self.pods = pods
         self.queue: KeyedQueue[ObjectKey] = KeyedQueue("approve_kubelet_csrs")
         self.requester = ""
         self._waiting: dict[str, set[ObjectKey]] = {}  # node -> requests waiting for it
 
     async def run(self) -> None:
         self.requester = await whoami(self.consumer)
-        logger.info("approving kubelet-serving requests of %s for gpuferry's virtual nodes", self.requester)
+        who = "each VirtualNode's ServiceAccount" if self.pods else self.requester
+        logger.info("approving kubelet-serving requests of %s for gpuferry's virtual nodes", who)
         try:
             await run_supervised({
                 "watch_kubelet_csrs": self._watch_csrs(),
@@ -75,6 +81,11 @@ class KubeletCsrApprover:
                 for key in self._waiting.pop(item.key.name, set()):
                     self.queue.add(key)
 
+    def _kubelet_identity(self, vn: RawObject) -> str:
+        if self.pods:
+            return identity(vn["metadata"]["namespace"], vn["metadata"]["name"])
+        return self.requester
+
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         try:
             csr = await self.consumer.get(CSRS, key.name)
@@ -88,8 +99,8 @@ class KubeletCsrApprover:
             except NotFound:
                 node = None
         vns = (await self.consumer.list(VIRTUALNODES, self.namespace))["items"]
-        ours = {str((vn.get("spec") or {}).get("nodeName")) for vn in vns}
-        verdict = decide(csr, requester=self.requester, virtual_nodes=ours, node=node)
+        kubelets = {str((vn.get("spec") or {}).get("nodeName")): self._kubelet_identity(vn) for vn in vns}
+        verdict = decide(csr, kubelets=kubelets, node=node)
         if verdict.decision is Decision.IGNORE:
             return None
         if verdict.decision is Decision.WAIT:

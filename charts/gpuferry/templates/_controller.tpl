@@ -92,7 +92,7 @@ spec:
             - --lease-seconds={{ $root.Values.leaderElection.leaseSeconds }}
             - --renew-seconds={{ $root.Values.leaderElection.renewSeconds }}
             {{- range .args }}
-            - {{ . }}
+            - {{ . | toJson }}
             {{- end }}
           env:
             - {name: HOME, value: /tmp}

@@ -31,7 +31,8 @@ def node(address: str = "127.0.0.1", kind: str = "virtual-kubelet") -> dict[str,
 def verdict(
     csr: dict[str, Any], n: dict[str, Any] | None = None, nodes: set[str] | None = None
 ) -> tuple[Decision, str]:
-    v = decide(csr, requester=AGENT, virtual_nodes={NODE} if nodes is None else nodes, node=n)
+    kubelets = {name: AGENT for name in ({NODE} if nodes is None else nodes)}
+    v = decide(csr, kubelets=kubelets, node=n)
     return v.decision, v.reason
 
 
@@ -52,7 +53,7 @@ def test_a_request_whose_node_is_not_registered_yet_waits() -> None:
         (request(), node(kind="real"), None, "not registered as a virtual kubelet"),
         (request(usages=["client auth"]), node(), None, "not a serving certificate's"),
         (request(usages=["server auth", "cert sign"]), node(), None, "not a serving certificate's"),
-        (request(), node(), set(), "not one of gpuferry's virtual nodes"),
+        (request(), node(), {"gpuferry-other"}, "not one of gpuferry's virtual nodes"),
         (request(request=base64.b64encode(b"junk").decode()), node(), None, "not a PEM CSR"),
     ],
 )
@@ -73,3 +74,13 @@ def test_a_request_of_ours_that_fails_a_check_is_denied_with_the_reason(
 )
 def test_requests_that_are_not_ours_or_already_decided_are_left_alone(csr: dict[str, Any]) -> None:
     assert verdict(csr, node())[0] is Decision.IGNORE
+
+
+def test_a_kubelet_running_as_its_own_account_gets_only_its_own_nodes_certificate() -> None:
+    """In the cluster each VirtualNode's kubelet runs as its own ServiceAccount."""
+    mine, other = "system:serviceaccount:gpuferry-system:gf-vk-farm", "system:serviceaccount:x:gf-vk-b"
+    kubelets = {NODE: mine, "gpuferry-b": other}
+    assert decide(request(username=mine), kubelets=kubelets, node=node()).decision is Decision.APPROVE
+    stolen = decide(request(username=other), kubelets=kubelets, node=node())
+    assert stolen.decision is Decision.DENY and f"runs as {mine}, not {other}" in stolen.reason
+    assert decide(request(username=AGENT), kubelets=kubelets, node=node()).decision is Decision.IGNORE
