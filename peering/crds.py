@@ -23,10 +23,11 @@ FIELD_MANAGER = "gpuferry"
 
 
 def crd_dir() -> Path:
-    """``$GPUFERRY_CRDS_DIR``, else the chart's crds folder beside this package's source tree."""
+    """``$GPUFERRY_CRDS_DIR``, else the chart's crds folder (``peering/chart``: a link to
+    ``charts/gpuferry`` in the source tree, the chart itself in the wheel)."""
     if env := os.environ.get("GPUFERRY_CRDS_DIR"):
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "charts" / "gpuferry" / "crds"
+    return Path(__file__).parent / "chart" / "crds"
 
 
 def load_crds(directory: Path | None = None) -> list[RawObject]:

@@ -1,7 +1,7 @@
 """``gpuferry``: the command line. Every error a user can cause is one line and a non-zero exit.
 
-Commands: ``peer``/``unpeer``, ``offload``/``unoffload namespace``, ``info``, ``agents``,
-``version`` and ``install crds``.
+Commands: ``install``/``uninstall``, ``peer``/``unpeer``, ``offload``/``unoffload namespace``,
+``info``, ``agents``, ``version`` and ``install crds``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
-from . import agents_cmd, info_cmd, network_cmds, offload_cmds, peering_cmds
+from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds
 from .common import UserError
 
 EXIT_USER_ERROR = 1
@@ -90,6 +90,12 @@ async def cmd_install_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_install(args: argparse.Namespace) -> int:
+    if not args.role:
+        raise UserError("gpuferry install needs --role provider, consumer or both")
+    return await install_cmds.cmd_install(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuferry",
@@ -112,14 +118,23 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     ver.set_defaults(handler=cmd_version)
 
-    install = sub.add_parser("install", help="install gpuferry's cluster-wide objects")
-    install_sub = install.add_subparsers(dest="what", required=True, metavar="WHAT")
+    install = sub.add_parser(
+        "install",
+        parents=[common],
+        help="install gpuferry in a cluster with its Helm chart (`install crds`: only the CRDs)",
+        description="Install gpuferry's controllers in the cluster with its Helm chart (helm upgrade "
+        "--install), then wait until they are available. `gpuferry install crds` applies only the CRDs.",
+    )
+    install_cmds.add_install_arguments(install)
+    install.set_defaults(handler=cmd_install)
+    install_sub = install.add_subparsers(dest="what", required=False, metavar="[crds]")
     crds = install_sub.add_parser(
         "crds", parents=[common], help="apply the CRDs (idempotent) and wait until the API server serves them"
     )
     crds.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
     crds.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     crds.set_defaults(handler=cmd_install_crds)
+    install_cmds.add_uninstall_parser(sub, common)
     peering_cmds.add_parsers(sub, common)
     offload_cmds.add_parsers(sub, common)
     info_cmd.add_parser(sub, common)

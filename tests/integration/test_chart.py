@@ -1,14 +1,19 @@
 """The Helm chart: rendered and checked against the real API servers, bad values refused with a
 clear message, and installed on both local clusters (their real nodes run the gpuferry image),
-where the controllers peer and offload as pods, without any local agent, and the API server
-reaches the kubelet API of a virtual kubelet that runs in a pod.
+where the controllers peer and offload as pods, without any local agent: the consumer's agent
+runs the virtual kubelet as a Deployment of its own, whose kubelet API the API server reaches at
+the pod's address, and which comes back when its pod is deleted; ``gpuferry install`` to a new
+image tag rolls everything while the offloaded pod keeps running, and so does a restart of the
+consumer's node (kubelet and containerd); ``gpuferry uninstall`` leaves
+nothing but the CRDs; an image that is not on the node is one clear error.
 
-What it does not cover yet (issue 13 goes on): the virtual kubelets as Deployments of their own,
-the gateway and route agent as pods (the test peers with --no-network), ``gpuferry install``.
+What it does not cover yet (issue 13 goes on): the gateway and route agent as pods (the test
+peers with --no-network), ``gpuferry install``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -23,7 +28,7 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import api_advertise_address
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
-from kube.objects import NODES, PODS, RawObject
+from kube.objects import NODES, PODS, VIRTUALNODES, RawObject
 
 from .clirunner import Cli
 from .waiting import condition, wait_for
@@ -109,17 +114,47 @@ def test_bad_values_are_refused_with_a_clear_message(
     assert message in proc.stderr, proc.stderr
 
 
+async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
+    """The running pod of the virtual kubelet of gpu-farm ({} if none after ``timeout``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        pods = json.loads(consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json", "-l",
+                                           "gpuferry.io/virtual-node=gpu-farm"))["items"]  # fmt: skip
+        live = [p for p in pods if p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        if live:
+            return live[0]  # type: ignore[no-any-return]
+        if loop.time() > deadline:
+            return {}
+        await asyncio.sleep(0.5)
+
+
+def gpuferry(cluster: LocalCluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The gpuferry CLI on ``cluster``, with the helm binary hack/ built."""
+    env = {**os.environ, "GPUFERRY_CACHE": str(tmp / "cache"), "GPUFERRY_HELM": str(cluster.bin.helm)}
+    cmd = [sys.executable, "-m", "peering.cli.main", *args, "--kubeconfig", str(cluster.spec.kubeconfig)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
+
+
+def uninstall(cluster: LocalCluster, tmp: Path) -> None:
+    proc = gpuferry(cluster, tmp, "uninstall", "--force", "-q")
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.fixture
 def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> Iterator[None]:
-    """gpuferry installed by its chart on both clusters; uninstalled afterwards, namespace and all."""
+    """gpuferry installed by `gpuferry install` on both clusters; uninstalled afterwards."""
     if not (consumer.has_real_node and provider.has_real_node):
         pytest.fail("the chart's components run on the real nodes: run the tests as root")
     for cluster, cid, role in ((provider, "gpu-farm", "provider"), (consumer, "ml-eu", "consumer")):
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-        helm(cluster, "install", "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace",
-             "-f", str(local_values(cluster, tmp_path)), "--set", f"clusterID={cid}",
-             "--set", f"{role}.enabled=true", "--set", f"{role}.replicas=2",
-             "--wait", "--timeout", "120s")  # fmt: skip
+        proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", cid, "--replicas", "2",
+                        "-f", str(local_values(cluster, tmp_path)), "-o", "json")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        done = json.loads(proc.stdout)
+        assert done["clusterID"] == cid and done["roles"] == [role]
+        assert {(c["name"], c["ready"]) for c in done["components"]} == {(f"gpuferry-{role}", 2)}
+        assert f"Deployment gpuferry-{role} available" in proc.stderr  # progress, on stderr
     try:
         yield
     finally:
@@ -130,10 +165,10 @@ def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) ->
         env = {**os.environ, "GPUFERRY_CACHE": str(tmp_path / "cache")}
         subprocess.run(unpeer, capture_output=True, timeout=300, env=env, check=False)
         for cluster in (consumer, provider):
-            helm(cluster, "uninstall", "gpuferry", "-n", SYSTEM_NAMESPACE, "--wait", check=False)
-            cluster.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--timeout=120s")
+            uninstall(cluster, tmp_path)
 
 
+@pytest.mark.timeout(900)  # two installs, a peering, an upgrade and a node restart
 async def test_installed_controllers_peer_and_offload_as_pods(
     installed: None, consumer: LocalCluster, provider: LocalCluster,
     consumer_client: KubeClient, provider_client: KubeClient, tmp_path: Path,
@@ -161,24 +196,26 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         return (condition(n, "Ready") or {}).get("status") == "True"
 
     node = await wait_for(consumer_client, NODES, virtual_node_name("gpu-farm"), ready, timeout=60)
-    # its kubelet runs in the consumer's pod: the Node reports the pod's address
-    pod_ips = {
-        p["status"]["podIP"]
-        for p in json.loads(
-            consumer.kubectl(
-                "-n",
-                SYSTEM_NAMESPACE,
-                "get",
-                "pods",
-                "-o",
-                "json",
-                "-l",
-                "app.kubernetes.io/component=consumer",
-            )
-        )["items"]
-    }
+    # its kubelet runs in a Deployment of its own, as its own ServiceAccount, owned by the VirtualNode
+    kubelet = await kubelet_pod(consumer)
+    assert kubelet["spec"]["serviceAccountName"] == "gf-vk-gpu-farm"
+    assert kubelet["spec"]["nodeName"] == "real-0"
+    deploy = json.loads(
+        consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", "gf-vk-gpu-farm", "-o", "json")
+    )
+    assert deploy["metadata"]["ownerReferences"][0]["kind"] == "VirtualNode"
+    # the Node reports the pod's address: the API server dials the kubelet API there
     addresses = {a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"}
-    assert addresses <= pod_ips and addresses, (addresses, pod_ips)
+    assert addresses == {kubelet["status"]["podIP"]}, addresses
+    vn = await consumer_client.get(VIRTUALNODES, "gpu-farm", SYSTEM_NAMESPACE)
+    assert vn["status"]["phase"] == "Running"
+    assert kubelet["metadata"]["name"] in (condition(vn, "KubeletRunning") or {})["message"]
+    # its serving certificate: requested as its own account, approved by the agent
+    csrs = json.loads(consumer.kubectl("get", "csr", "-o", "json"))["items"]
+    mine = [
+        c for c in csrs if c["spec"]["username"] == "system:serviceaccount:gpuferry-system:gf-vk-gpu-farm"
+    ]
+    assert mine and any(x["type"] == "Approved" for c in mine for x in c["status"].get("conditions") or [])
 
     consumer.kubectl("create", "namespace", "chart-work")
     try:
@@ -198,12 +235,138 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         proxy = f"/api/v1/nodes/{virtual_node_name('gpu-farm')}/proxy/pods"
         listed = json.loads(consumer.kubectl("get", "--raw", proxy))
         assert [p["metadata"]["name"] for p in listed["items"]] == ["train"]
+
+        # the kubelet's pod deleted: a new one takes over; the node stays Ready all along (its
+        # Lease outlives the gap) and the offloaded pod keeps running
+        consumer.kubectl("-n", SYSTEM_NAMESPACE, "delete", "pod", kubelet["metadata"]["name"], "--wait=false")
+        name = virtual_node_name("gpu-farm")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 90
+        while True:
+            assert ready(await consumer_client.get(NODES, name)), (
+                "the node went NotReady while its kubelet moved"
+            )
+            later = await kubelet_pod(consumer, timeout=1)
+            moved = bool(later) and later["metadata"]["name"] != kubelet["metadata"]["name"]
+            if moved and (condition(later, "Ready") or {}).get("status") == "True":
+                break
+            assert loop.time() < deadline, "no new virtual-kubelet pod became ready"
+            await asyncio.sleep(0.5)
+        listed = json.loads(consumer.kubectl("get", "--raw", proxy))
+        assert [p["metadata"]["name"] for p in listed["items"]] == ["train"]
+        train = await consumer_client.get(PODS, "train", "chart-work")
+        assert train["status"]["phase"] == "Running"
+        assert len((await provider_client.list(PODS, namespace="chart-work-ml-eu"))["items"]) == 1
+
+        # an upgrade to a new image tag (the same image, tagged anew on each node) rolls every
+        # component, the virtual kubelet too; the offloaded pod keeps running, on one twin
+        for cluster, role, cid in ((provider, "provider", "gpu-farm"), (consumer, "consumer", "ml-eu")):
+            newer = cluster.images["gpuferry"].rsplit(":", 1)[0] + ":upgraded"
+            assert cluster.node is not None
+            cluster.node.ctr("images", "tag", "--force", cluster.images["gpuferry"], newer)
+            values = str(local_values(cluster, tmp_path))
+            proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", cid,
+                            "--replicas", "2", "-f", values, "--image", newer, "-o", "json")  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["revision"] == "2"
+            pods = json.loads(cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json", "-l",
+                                              f"app.kubernetes.io/component={role}"))["items"]  # fmt: skip
+            live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+            assert {c["image"] for p in live for c in p["spec"]["containers"]} == {newer}, role
+        upgraded = await kubelet_pod(consumer, timeout=120)
+        for _ in range(240):
+            if upgraded and upgraded["spec"]["containers"][0]["image"].endswith(":upgraded") and (
+                condition(upgraded, "Ready") or {}
+            ).get("status") == "True":
+                break
+            await asyncio.sleep(0.5)
+            upgraded = await kubelet_pod(consumer, timeout=5)
+        assert upgraded["spec"]["containers"][0]["image"].endswith(":upgraded"), upgraded["spec"]
+        await wait_for(consumer_client, NODES, name, ready, timeout=60)
+        train = await consumer_client.get(PODS, "train", "chart-work")
+        assert train["status"]["phase"] == "Running"
+        assert train["metadata"]["uid"] == running["metadata"]["uid"]
+        twins = (await provider_client.list(PODS, namespace="chart-work-ml-eu"))["items"]
+        assert [t["status"]["phase"] for t in twins] == ["Running"]
+        assert json.loads(consumer.kubectl("get", "--raw", proxy))["items"][0]["metadata"]["name"] == "train"
+
+        # the consumer's node restarts (kubelet and containerd stopped, then started again): the
+        # controllers, the virtual kubelet and its node converge; the offloaded pod runs on
+        consumer.stop("kubelet")
+        consumer.stop("containerd")
+        await asyncio.sleep(3)
+        consumer.restart("containerd")
+        consumer.restart("kubelet")
+        await wait_for(consumer_client, NODES, "real-0", ready, timeout=120)
+        for deploy_name in ("gpuferry-consumer", "gf-vk-gpu-farm"):
+            consumer.kubectl("-n", SYSTEM_NAMESPACE, "rollout", "status", f"deploy/{deploy_name}",
+                             "--timeout=110s")  # fmt: skip
+        await wait_for(consumer_client, NODES, name, ready, timeout=120)
+        train = await consumer_client.get(PODS, "train", "chart-work")
+        assert train["status"]["phase"] == "Running"
+        assert train["metadata"]["uid"] == running["metadata"]["uid"]
+        for _ in range(60):  # the kubelet API answers again once the pod's kubelet serves
+            proc = consumer.kubectl("get", "--raw", proxy, check=False)
+            if proc and '"train"' in proc:
+                break
+            await asyncio.sleep(1)
+        assert json.loads(consumer.kubectl("get", "--raw", proxy))["items"][0]["metadata"]["name"] == "train"
+
         await cli.ok("unoffload", "namespace", "chart-work", "--kubeconfig", cli.c)
     finally:
         consumer.kubectl("delete", "namespace", "chart-work", "--wait=false")
     await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--agents", "none")
+    # the virtual kubelet went with its VirtualNode: Deployment, account, binding, Node
+    assert consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy,sa", "-l",
+                            "app.kubernetes.io/component=virtual-kubelet", "-o", "name") == ""  # fmt: skip
+    assert consumer.kubectl("get", "clusterrolebinding", "-l", "app.kubernetes.io/component=virtual-kubelet",
+                            "-o", "name") == ""  # fmt: skip
+    assert consumer.kubectl("get", "nodes", "-o", "name").count("gpuferry-") == 0
     # the installation stays: its namespace, its controllers
     for cluster in (consumer, provider):
         replicas = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", "-o",
                                    "jsonpath={.items[*].status.readyReplicas}")  # fmt: skip
         assert replicas.split() == ["2"]
+
+
+def gpuferry_objects(cluster: LocalCluster) -> list[str]:
+    """What of gpuferry's is left outside its CRDs: its namespace, cluster-wide RBAC, webhooks."""
+    names = cluster.kubectl("get", "clusterroles,clusterrolebindings,mutatingadmissionpolicies,"
+                            "mutatingadmissionpolicybindings", "-o", "name").split()  # fmt: skip
+    left = [n for n in names if "gpuferry" in n]
+    if cluster.kubectl("get", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "-o", "name"):
+        left.append(f"namespace/{SYSTEM_NAMESPACE}")
+    return left
+
+
+async def test_uninstall_leaves_nothing_but_the_crds(
+    consumer: LocalCluster, provider: LocalCluster, tmp_path: Path
+) -> None:
+    for cluster, role in ((provider, "provider"), (consumer, "consumer")):
+        proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", f"un-{role}",
+                        "-f", str(local_values(cluster, tmp_path)), "-q")  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert gpuferry_objects(cluster)
+        proc = gpuferry(cluster, tmp_path, "uninstall")
+        assert proc.returncode == 0, proc.stderr
+        assert "gpuferry uninstalled" in proc.stdout
+        assert gpuferry_objects(cluster) == []
+        assert "foreignclusters.core.gpuferry.io" in cluster.kubectl("get", "crds", "-o", "name")
+        again = gpuferry(cluster, tmp_path, "uninstall")  # nothing left to remove: says so, succeeds
+        assert again.returncode == 0 and "no helm release gpuferry" in again.stderr
+
+
+async def test_an_image_that_is_not_on_the_node_is_one_clear_error(
+    consumer: LocalCluster, tmp_path: Path
+) -> None:
+    try:
+        proc = gpuferry(consumer, tmp_path, "install", "--role", "consumer", "--cluster-id", "ml-eu",
+                        "-f", str(local_values(consumer, tmp_path)),
+                        "--image", "gpuferry.local/gpuferry:absent", "--timeout", "120")  # fmt: skip
+        assert proc.returncode == 1
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "gpuferry cannot start" in line and "gpuferry.local/gpuferry:absent" in line, proc.stderr
+        assert "ErrImageNeverPull" in line or "not present" in line, line
+        assert "Traceback" not in proc.stderr
+    finally:
+        uninstall(consumer, tmp_path)

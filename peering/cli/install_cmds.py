@@ -1,0 +1,423 @@
+"""``gpuferry install`` and ``gpuferry uninstall``: the chart, through the ``helm`` binary.
+
+``install`` finds helm and the chart, settles the cluster ID (the one the cluster already has,
+the one given, or one derived from the kubeconfig context), runs ``helm upgrade --install`` with
+the values it knows plus the user's (``-f``, ``--set``), then waits until every component's
+Deployment is available, saying which are, and stops at the first pod that cannot start with why
+(an image not on the node, a crash loop and its last words, no node for it).
+
+``uninstall`` refuses while the cluster still peers (``gpuferry unpeer`` first, or ``--force``),
+then uninstalls the release and deletes its namespace; with ``--crds`` the CRDs go too.
+
+Plain ``helm install`` with values works as well (see the chart's README); this is the short way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kube.api import SYSTEM_NAMESPACE
+from kube.clients import KubeClient
+from kube.errors import KubeError, NotFound
+from kube.objects import (
+    CLUSTERROLEBINDINGS,
+    CRDS,
+    DEPLOYMENTS,
+    FOREIGNCLUSTERS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    TENANTS,
+    VIRTUALNODES,
+    RawObject,
+)
+
+from ..clusterid import ClusterIDError, derive_cluster_id, read_cluster_id, validate_cluster_id
+from ..crds import load_crds
+from ..kubeletworkload import COMPONENT
+from ..podtrouble import IMAGE_TROUBLE, pod_trouble
+from .common import Progress, UserError, emit, kubeconfig_context_name
+
+__all__ = [
+    "add_install_arguments",
+    "add_uninstall_parser",
+    "chart_dir",
+    "cmd_install",
+    "find_helm",
+    "helm_values",
+    "installation_state",
+]
+
+RELEASE = "gpuferry"
+ROLES = ("provider", "consumer")
+
+
+def chart_dir() -> Path:
+    """``$GPUFERRY_CHART_DIR``, else ``peering/chart``: a link to ``charts/gpuferry`` in the
+    source tree, the chart itself in the wheel."""
+    if env := os.environ.get("GPUFERRY_CHART_DIR"):
+        return Path(env)
+    return Path(__file__).parents[1] / "chart"
+
+
+def find_helm(flag: str | None) -> str:
+    """``--helm``, ``$GPUFERRY_HELM``, ``helm`` on PATH, or the one ``make build-k8s`` built."""
+    for candidate in (flag, os.environ.get("GPUFERRY_HELM")):
+        if candidate:
+            if not (Path(candidate).is_file() and os.access(candidate, os.X_OK)):
+                raise UserError(f"helm binary {candidate} is not an executable file")
+            return candidate
+    if on_path := shutil.which("helm"):
+        return on_path
+    cache = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    built = sorted(glob.glob(str(cache / "helm-*" / "bin" / "helm")))
+    if built:
+        return built[-1]
+    raise UserError(
+        "no helm binary: give --helm PATH, set $GPUFERRY_HELM, put helm on PATH, "
+        "or build one with `make build-k8s`"
+    )
+
+
+def helm_values(
+    *, cluster_id: str, roles: Sequence[str], replicas: int | None, image: str | None, pull_policy: str | None
+) -> dict[str, Any]:
+    """The values ``install``'s flags set: they win over the user's ``-f`` files, ``--set``
+    wins over them. Pure."""
+    values: dict[str, Any] = {"clusterID": cluster_id}
+    for role in ROLES:
+        values[role] = {"enabled": role in roles}
+        if replicas is not None and role in roles:
+            values[role]["replicas"] = replicas
+    image_values: dict[str, Any] = {}
+    if image:
+        repository, sep, tag = image.rpartition(":")
+        if not sep or "/" in tag:  # no tag (a registry port is not a tag)
+            repository, tag = image, ""
+        image_values["repository"] = repository
+        if tag:
+            image_values["tag"] = tag
+    if pull_policy:
+        image_values["pullPolicy"] = pull_policy
+    if image_values:
+        values["image"] = image_values
+    return values
+
+
+def installation_state(
+    deployments: Sequence[RawObject], pods: Sequence[RawObject]
+) -> tuple[list[str], list[str], str | None]:
+    """(available, not yet, the first pod trouble that will not fix itself or None). Pure."""
+    available: list[str] = []
+    waiting: list[str] = []
+    for d in deployments:  # kubectl rollout status's test: every replica updated and available
+        status = d.get("status") or {}
+        want = (d.get("spec") or {}).get("replicas", 1)
+        updated = status.get("updatedReplicas") or 0
+        done = (
+            status.get("observedGeneration") == d["metadata"].get("generation")
+            and updated >= want
+            and (status.get("replicas") or 0) <= updated
+            and (status.get("availableReplicas") or 0) >= updated
+        )
+        (available if done else waiting).append(d["metadata"]["name"])
+    for pod in pods:
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        trouble = pod_trouble(pod)
+        if trouble is not None and (trouble.reason in IMAGE_TROUBLE or trouble.reason == "Crashed"):
+            return available, waiting, trouble.message
+    return available, waiting, None
+
+
+def _helm(helm: str, kubeconfig: str | None, context: str | None, *args: str, timeout: float) -> str:
+    cmd = [helm, *args]
+    if kubeconfig:
+        cmd += ["--kubeconfig", kubeconfig]
+    if context:
+        cmd += ["--kube-context", context]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"helm {args[0]} did not finish in {timeout:.0f}s") from None
+    except OSError as exc:
+        raise UserError(f"cannot run {helm}: {exc}") from None
+    if proc.returncode != 0:
+        said = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise UserError(f"helm {args[0]} failed: {said}")
+    return proc.stdout
+
+
+async def _cluster_id(client: KubeClient, args: argparse.Namespace) -> str:
+    recorded = await read_cluster_id(client)
+    try:
+        if recorded and args.cluster_id and args.cluster_id != recorded:
+            raise ClusterIDError(
+                f"this cluster is already known as {recorded!r}; it cannot also be {args.cluster_id!r}"
+            )
+        if recorded:
+            return recorded
+        if args.cluster_id:
+            return validate_cluster_id(args.cluster_id)
+    except ClusterIDError as exc:
+        raise UserError(str(exc)) from None
+    return derive_cluster_id(kubeconfig_context_name(args.kubeconfig, args.context))
+
+
+async def _wait_ready(
+    client: KubeClient, namespace: str, timeout: float, progress: Progress
+) -> list[dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    said: set[str] = set()
+    while True:
+        deployments = await client.list(
+            DEPLOYMENTS, namespace, label_selector="app.kubernetes.io/name=gpuferry"
+        )
+        pods = (await client.list(PODS, namespace, label_selector="app.kubernetes.io/name=gpuferry"))["items"]
+        available, waiting, trouble = installation_state(deployments["items"], pods)
+        for name in available:
+            if name not in said:
+                progress.step(f"Deployment {name} available")
+                said.add(name)
+        if trouble:
+            raise UserError(f"gpuferry cannot start: {trouble}")
+        if deployments["items"] and not waiting:
+            return [
+                {
+                    "name": d["metadata"]["name"],
+                    "ready": (d.get("status") or {}).get("readyReplicas") or 0,
+                    "replicas": (d.get("spec") or {}).get("replicas", 1),
+                }
+                for d in deployments["items"]
+            ]
+        if loop.time() > deadline:
+            raise UserError(
+                f"not available after {timeout:.0f}s: {', '.join(waiting) or 'no Deployment yet'} "
+                f"(kubectl -n {namespace} describe pods)"
+            )
+        await asyncio.sleep(1.0)
+
+
+async def cmd_install(args: argparse.Namespace) -> int:
+    roles = list(ROLES) if args.role == "both" else [args.role]
+    progress = Progress(args.quiet or args.output != "table")
+    helm = find_helm(args.helm)
+    chart = chart_dir()
+    if not (chart / "Chart.yaml").is_file():
+        raise UserError(f"no chart at {chart} (set $GPUFERRY_CHART_DIR)")
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
+        version = (await client.server_version()).get("gitVersion")
+        progress.step(f"cluster {client.base_url} (Kubernetes {version})")
+        cluster_id = await _cluster_id(client, args)
+        values = helm_values(
+            cluster_id=cluster_id,
+            roles=roles,
+            replicas=args.replicas,
+            image=args.image,
+            pull_policy=args.pull_policy,
+        )
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gpuferry-values-") as f:
+            yaml.safe_dump(values, f)
+            f.flush()
+            # the user's files, then ours (what the flags say wins over a file), then --set
+            helm_args = ["upgrade", "--install", RELEASE, str(chart), "-n", args.namespace]
+            helm_args.append("--create-namespace")
+            for path in args.values or ():
+                helm_args += ["-f", path]
+            helm_args += ["-f", f.name]
+            for pair in args.set or ():
+                helm_args += ["--set", pair]
+            out = await asyncio.to_thread(
+                _helm, helm, args.kubeconfig, args.context, *helm_args, timeout=args.timeout
+            )
+        revision = next(
+            (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("REVISION:")), "?"
+        )
+        progress.step(
+            f"helm release {RELEASE} revision {revision} in {args.namespace}: "
+            f"{' and '.join(roles)} of cluster {cluster_id}"
+        )
+        components = await _wait_ready(client, args.namespace, args.timeout, progress)
+    data = {
+        "clusterID": cluster_id,
+        "roles": roles,
+        "namespace": args.namespace,
+        "release": RELEASE,
+        "revision": revision,
+        "components": components,
+    }
+
+    def table(console: Any) -> None:
+        from rich.table import Table
+
+        t = Table(title=f"gpuferry installed: cluster {cluster_id} ({', '.join(roles)})")
+        for col in ("COMPONENT", "READY"):
+            t.add_column(col)
+        for c in components:
+            t.add_row(c["name"], f"{c['ready']}/{c['replicas']}")
+        console.print(t)
+        if "consumer" in roles:
+            console.print(
+                "next: gpuferry peer --kubeconfig <this> --remote-kubeconfig <provider> --agents none"
+            )
+
+    emit(data, args.output, table)
+    return 0
+
+
+async def _peerings(client: KubeClient, namespace: str) -> list[str]:
+    found: list[str] = []
+    for resource, ns in ((FOREIGNCLUSTERS, None), (TENANTS, None)):
+        try:
+            items = (await client.list(resource, ns))["items"]
+        except (NotFound, KubeError):
+            continue  # no CRD: no peering of that kind
+        found += [f"{resource.kind} {i['metadata']['name']}" for i in items]
+    return found
+
+
+async def cmd_uninstall(args: argparse.Namespace) -> int:
+    progress = Progress(args.quiet)
+    helm = find_helm(args.helm)
+    async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
+        peerings = await _peerings(client, args.namespace)
+        if peerings and not args.force:
+            raise UserError(
+                f"this cluster still peers ({', '.join(peerings)}): run gpuferry unpeer first, "
+                "or uninstall with --force"
+            )
+        releases = await asyncio.to_thread(
+            _helm, helm, args.kubeconfig, args.context, "list", "-n", args.namespace, "-q", timeout=60
+        )
+        if RELEASE in releases.split():
+            await asyncio.to_thread(
+                _helm,
+                helm,
+                args.kubeconfig,
+                args.context,
+                "uninstall",
+                RELEASE,
+                "-n",
+                args.namespace,
+                "--wait",
+                "--timeout",
+                f"{int(args.timeout)}s",
+                timeout=args.timeout + 30,
+            )
+            progress.step(f"helm release {RELEASE} uninstalled")
+        else:
+            progress.note(f"no helm release {RELEASE} in {args.namespace}")
+        if args.force:  # nothing runs our finalizers any more
+            await _drop_finalizers(client, args.namespace)
+        try:
+            await client.delete(NAMESPACES, args.namespace)
+            await _wait_gone(client, NAMESPACES, args.namespace, None, args.timeout)
+            progress.step(f"namespace {args.namespace} deleted")
+        except NotFound:
+            pass
+        if args.crds:
+            for crd in load_crds():
+                name = crd["metadata"]["name"]
+                try:
+                    await client.delete(CRDS, name)
+                except NotFound:
+                    continue
+                await _wait_gone(client, CRDS, name, None, args.timeout)
+            progress.step("CRDs deleted")
+    print(f"gpuferry uninstalled{' with its CRDs' if args.crds else ''}")
+    return 0
+
+
+async def _drop_finalizers(client: KubeClient, namespace: str) -> None:
+    """With --force: what the uninstalled agent would have cleaned up is cleaned up here (the
+    finalizers it held, its virtual kubelets' bindings and their Nodes)."""
+    try:
+        vns = (await client.list(VIRTUALNODES, namespace))["items"]
+    except (NotFound, KubeError):
+        vns = []
+    for vn in vns:
+        kept = [f for f in vn["metadata"].get("finalizers") or [] if not f.startswith("gpuferry.io/")]
+        if kept != (vn["metadata"].get("finalizers") or []):
+            await client.patch(
+                VIRTUALNODES, vn["metadata"]["name"], {"metadata": {"finalizers": kept}}, namespace
+            )
+        node = (vn.get("spec") or {}).get("nodeName")
+        if node:
+            with contextlib.suppress(NotFound):
+                await client.delete(NODES, node)
+    ours = f"app.kubernetes.io/component={COMPONENT},app.kubernetes.io/managed-by=gpuferry-consumer"
+    for crb in (await client.list(CLUSTERROLEBINDINGS, label_selector=ours))["items"]:
+        with contextlib.suppress(NotFound):
+            await client.delete(CLUSTERROLEBINDINGS, crb["metadata"]["name"])
+
+
+async def _wait_gone(
+    client: KubeClient, resource: Any, name: str, namespace: str | None, timeout: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            await client.get(resource, name, namespace)
+        except NotFound:
+            return
+        if loop.time() > deadline:
+            raise UserError(f"{resource.kind} {name} still there after {timeout:.0f}s")
+        await asyncio.sleep(0.5)
+
+
+def add_install_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--role",
+        choices=[*ROLES, "both"],
+        help="provider: lends GPUs; consumer: borrows them (virtual nodes); both",
+    )
+    parser.add_argument(
+        "--cluster-id",
+        help="this cluster's ID, as peers will know it (default: the one it "
+        "has, else derived from the kubeconfig context's name)",
+    )
+    parser.add_argument("--image", help="gpuferry's image, REPOSITORY[:TAG] (default: the chart's)")
+    parser.add_argument(
+        "--pull-policy", choices=["Always", "IfNotPresent", "Never"], help="its imagePullPolicy"
+    )
+    parser.add_argument(
+        "--replicas", type=int, help="replicas of each controller (leader election; default 1)"
+    )
+    parser.add_argument(
+        "-f", "--values", action="append", metavar="FILE", help="more helm values (repeatable)"
+    )
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a helm value (repeatable)")
+    parser.add_argument("-n", "--namespace", default=SYSTEM_NAMESPACE, help=f"(default {SYSTEM_NAMESPACE})")
+    parser.add_argument("--helm", help="the helm binary (default: $GPUFERRY_HELM, PATH, make build-k8s's)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+
+
+def add_uninstall_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    un = sub.add_parser(
+        "uninstall",
+        parents=[common],
+        help="remove gpuferry from a cluster (its release and namespace; --crds: the CRDs)",
+    )
+    un.add_argument("--crds", action="store_true", help="delete the CRDs too (and every object of theirs)")
+    un.add_argument("--force", action="store_true", help="even while the cluster still peers")
+    un.add_argument("-n", "--namespace", default=SYSTEM_NAMESPACE)
+    un.add_argument("--helm", help="the helm binary (default: $GPUFERRY_HELM, PATH, make build-k8s's)")
+    un.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
+    un.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    un.set_defaults(handler=cmd_uninstall)

@@ -1,0 +1,141 @@
+"""gpuferry install's pure parts: the values it sets, when an installation counts as available or
+as stuck, where it finds helm; and its refusals of bad input, through the real command line."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from peering.cli.common import UserError
+from peering.cli.install_cmds import chart_dir, find_helm, helm_values, installation_state
+
+
+def test_values_enable_the_roles_asked_for_and_split_the_image() -> None:
+    values = helm_values(
+        cluster_id="ml-eu",
+        roles=["consumer"],
+        replicas=2,
+        image="registry.local:5000/gpuferry:abc",
+        pull_policy="Never",
+    )
+    assert values == {
+        "clusterID": "ml-eu",
+        "provider": {"enabled": False},
+        "consumer": {"enabled": True, "replicas": 2},
+        "image": {"repository": "registry.local:5000/gpuferry", "tag": "abc", "pullPolicy": "Never"},
+    }
+    untagged = helm_values(
+        cluster_id="x", roles=["provider"], replicas=None, image="registry.local:5000/gf", pull_policy=None
+    )
+    assert untagged["image"] == {"repository": "registry.local:5000/gf"}
+    assert "image" not in helm_values(cluster_id="x", roles=[], replicas=None, image=None, pull_policy=None)
+
+
+def deploy(
+    name: str, want: int, have: int, generation: int = 1, observed: int = 1, old: int = 0
+) -> dict[str, Any]:
+    status = {"availableReplicas": have + old, "updatedReplicas": have, "replicas": have + old,
+              "observedGeneration": observed}  # fmt: skip
+    meta = {"name": name, "generation": generation}
+    return {"metadata": meta, "spec": {"replicas": want}, "status": status}
+
+
+def stuck(reason: str, **more: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "gpuferry-consumer-1"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "consumer",
+                    "image": "gpuferry.local/gpuferry:nope",
+                    "state": {"waiting": {"reason": reason, "message": "not there"}},
+                    **more,
+                }
+            ]
+        },
+    }
+
+
+def test_available_only_when_every_deployment_has_its_replicas_of_the_current_generation() -> None:
+    assert installation_state([deploy("a", 2, 2), deploy("b", 1, 1)], []) == (["a", "b"], [], None)
+    assert installation_state([deploy("a", 2, 1)], [])[1] == ["a"]
+    assert installation_state([deploy("a", 1, 1, generation=2, observed=1)], [])[1] == ["a"]  # rolling
+    # new pods there, old ones still available and not yet gone: not done
+    assert installation_state([deploy("a", 2, 2, old=1)], [])[1] == ["a"]
+    rolling = deploy("a", 2, 2)
+    rolling["status"]["availableReplicas"] = 1  # updated, not all available yet
+    assert installation_state([rolling], [])[1] == ["a"]
+
+
+def test_a_pod_that_will_not_start_stops_the_wait_with_why() -> None:
+    _, _, trouble = installation_state([deploy("a", 1, 0)], [stuck("ErrImageNeverPull")])
+    assert trouble is not None and "image gpuferry.local/gpuferry:nope: not there" in trouble
+    crashed = stuck(
+        "CrashLoopBackOff", restartCount=3, lastState={"terminated": {"exitCode": 1, "message": "boom"}}
+    )
+    assert "exited 1 (3 restarts): boom" in str(installation_state([], [crashed])[2])
+    assert installation_state([], [stuck("ContainerCreating")])[2] is None  # just starting
+
+
+def test_helm_is_found_or_the_error_says_how_to_get_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("GPUFERRY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GPUFERRY_HELM", raising=False)
+    with pytest.raises(UserError, match=r"no helm binary.*make build-k8s"):
+        find_helm(None)
+    with pytest.raises(UserError, match="is not an executable file"):
+        find_helm(str(tmp_path / "nope"))
+    built = tmp_path / "cache" / "helm-v3.21.4" / "bin" / "helm"
+    built.parent.mkdir(parents=True)
+    built.write_text("#!/bin/sh\n")
+    built.chmod(built.stat().st_mode | stat.S_IXUSR)
+    assert find_helm(None) == str(built)
+
+
+def gpuferry(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "peering.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_bad_input_is_one_line_and_no_traceback(tmp_path: Path) -> None:
+    no_role = gpuferry("install", "--kubeconfig", str(tmp_path / "none"))
+    assert (
+        no_role.returncode == 1
+        and no_role.stderr.strip() == "error: gpuferry install needs --role provider, consumer or both"
+    )
+    no_helm = gpuferry("install", "--role", "consumer", "--helm", str(tmp_path / "helm"))
+    assert no_helm.returncode == 1 and "is not an executable file" in no_helm.stderr
+    bad_policy = gpuferry("install", "--role", "consumer", "--pull-policy", "Sometimes")
+    assert bad_policy.returncode == 2 and "invalid choice" in bad_policy.stderr
+    for proc in (no_role, no_helm, bad_policy):
+        assert "Traceback" not in proc.stderr
+
+
+def test_the_wheel_carries_every_file_of_the_chart() -> None:
+    """peering/chart links to charts/gpuferry; pyproject's package-data must name every file."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[3]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    globs = setuptools["package-data"]["peering"]
+    chart = chart_dir()
+    assert chart.resolve() == (root / "charts" / "gpuferry").resolve()
+    files = [p.relative_to(chart).as_posix() for p in chart.rglob("*") if p.is_file()]
+    assert "Chart.yaml" in files and any(f.startswith("crds/") for f in files)
+    missed = [f for f in files if not any(fnmatch.fnmatch(f"chart/{f}", g) for g in globs)]
+    assert missed == [], f"add these to [tool.setuptools.package-data] in pyproject.toml: {missed}"
