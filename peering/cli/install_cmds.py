@@ -36,6 +36,8 @@ from kube.objects import (
     CRDS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACES,
     NODES,
     PODS,
@@ -213,7 +215,7 @@ async def _wait_ready(
 
 async def cmd_install(args: argparse.Namespace) -> int:
     roles = list(ROLES) if args.role == "both" else [args.role]
-    progress = Progress(args.quiet or args.output != "table")
+    progress = Progress(args.quiet)  # on stderr: stdout stays machine-readable
     helm = find_helm(args.helm)
     chart = chart_dir()
     if not (chart / "Chart.yaml").is_file():
@@ -322,6 +324,14 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
             progress.note(f"no helm release {RELEASE} in {args.namespace}")
         if args.force:  # nothing runs our finalizers any more
             await _drop_finalizers(client, args.namespace)
+        for resource in (MUTATINGADMISSIONPOLICYBINDINGS, MUTATINGADMISSIONPOLICIES):
+            # the offloading admission policy, made by the consumer's agent, not by the chart
+            ours = (await client.list(resource, label_selector="gpuferry.io/managed-by=gpuferry"))["items"]
+            for obj in ours:
+                with contextlib.suppress(NotFound):
+                    await client.delete(resource, obj["metadata"]["name"])
+            if ours:
+                progress.step(f"{len(ours)} {resource.kind} of the offloading removed")
         try:
             await client.delete(NAMESPACES, args.namespace)
             await _wait_gone(client, NAMESPACES, args.namespace, None, args.timeout)

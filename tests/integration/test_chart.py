@@ -207,8 +207,10 @@ async def test_installed_controllers_peer_and_offload_as_pods(
     # the Node reports the pod's address: the API server dials the kubelet API there
     addresses = {a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"}
     assert addresses == {kubelet["status"]["podIP"]}, addresses
-    vn = await consumer_client.get(VIRTUALNODES, "gpu-farm", SYSTEM_NAMESPACE)
-    assert vn["status"]["phase"] == "Running"
+    # the VirtualNode says so once the pod is Ready (its readiness probe runs every 5 s)
+    vn = await wait_for(consumer_client, VIRTUALNODES, "gpu-farm",
+                        lambda v: (v.get("status") or {}).get("phase") == "Running",
+                        namespace=SYSTEM_NAMESPACE, timeout=60)  # fmt: skip
     assert kubelet["metadata"]["name"] in (condition(vn, "KubeletRunning") or {})["message"]
     # its serving certificate: requested as its own account, approved by the agent
     csrs = json.loads(consumer.kubectl("get", "csr", "-o", "json"))["items"]
@@ -333,7 +335,8 @@ def gpuferry_objects(cluster: LocalCluster) -> list[str]:
     """What of gpuferry's is left outside its CRDs: its namespace, cluster-wide RBAC, webhooks."""
     names = cluster.kubectl("get", "clusterroles,clusterrolebindings,mutatingadmissionpolicies,"
                             "mutatingadmissionpolicybindings", "-o", "name").split()  # fmt: skip
-    left = [n for n in names if "gpuferry" in n]
+    # (the local clusters' own bootstrap RBAC is named gpuferry:…: part of the cluster, not ours)
+    left = [n for n in names if "gpuferry" in n and "/gpuferry:" not in n]
     if cluster.kubectl("get", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "-o", "name"):
         left.append(f"namespace/{SYSTEM_NAMESPACE}")
     return left
