@@ -273,7 +273,8 @@ async def cmd_install(args: argparse.Namespace) -> int:
         console.print(t)
         if "consumer" in roles:
             console.print(
-                "next: gpuferry peer --kubeconfig <this> --remote-kubeconfig <provider> --agents none"
+                "next: gpuferry peer --kubeconfig <this> --remote-kubeconfig <provider> --no-network "
+                "(the chart has no gateways yet)"
             )
 
     emit(data, args.output, table)

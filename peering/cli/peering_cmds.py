@@ -13,7 +13,7 @@ import base64
 import contextlib
 from typing import Any
 
-from kube.api import GPU_RESOURCE, NETWORK_READY, PROVIDER_LABEL, virtual_node_name
+from kube.api import GPU_RESOURCE, NETWORK_READY, PROVIDER_LABEL, SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
 from kube.declaration import (
     DECLARATION_NAME,
@@ -24,6 +24,7 @@ from kube.declaration import (
 from kube.errors import NotFound
 from kube.objects import (
     CONFIGMAPS,
+    DEPLOYMENTS,
     FOREIGNCLUSTERS,
     MUTATINGADMISSIONPOLICIES,
     MUTATINGADMISSIONPOLICYBINDINGS,
@@ -247,6 +248,46 @@ async def _provider_tunnel(provider: KubeClient, consumer_id: str, timeout: floa
     return obj
 
 
+INSTALLED_DEPLOYMENTS = {"consumer": "gpuferry-consumer", "provider": "gpuferry-provider"}
+"""The chart's controllers: a cluster that has its role's Deployment runs gpuferry itself."""
+
+
+def choose_agents(requested: str, installed: dict[str, bool]) -> str:
+    """``--agents auto``: none where both clusters run the installed controllers, local where
+    neither does (development mode); a half-installed pair is an error, not a guess. Pure."""
+    if requested != "auto":
+        return requested
+    if all(installed.values()):
+        return "none"
+    if not any(installed.values()):
+        return "local"
+    have = next(side for side, yes in installed.items() if yes)
+    lack = next(side for side, yes in installed.items() if not yes)
+    raise UserError(f"gpuferry is installed in the {have} cluster but not in the {lack}: install it there "
+                    f"(gpuferry install --role {lack}), or pass --agents local or --agents none")  # fmt: skip
+
+
+async def resolve_agents(
+    args: argparse.Namespace, consumer: KubeClient, provider: KubeClient, progress: Progress
+) -> None:
+    """Turn ``--agents auto`` into local or none, saying which and why."""
+    if args.agents != "auto":
+        return
+    installed: dict[str, bool] = {}
+    for side, client in (("consumer", consumer), ("provider", provider)):
+        try:
+            await client.get(DEPLOYMENTS, INSTALLED_DEPLOYMENTS[side], SYSTEM_NAMESPACE)
+            installed[side] = True
+        except NotFound:
+            installed[side] = False
+    args.agents = choose_agents("auto", installed)
+    if args.agents == "none":
+        progress.step("controllers: installed in both clusters (gpuferry install): none started here")
+    else:
+        progress.step("controllers: none installed in the clusters: started here as local processes "
+                      "(development mode; gpuferry install runs them in the clusters)")  # fmt: skip
+
+
 async def cmd_peer(args: argparse.Namespace) -> int:
     resources = requested_resources(args)
     selector = parse_pairs(args.selector, "--selector")
@@ -259,6 +300,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     ):
         if consumer.base_url == provider.base_url:
             raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
+        await resolve_agents(args, consumer, provider, progress)
         if not args.no_network:  # a missing or wrong declaration stops us before any change
             await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):
@@ -430,6 +472,7 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         consumer_id, provider_id = await read_cluster_id(consumer), await read_cluster_id(provider)
         if consumer_id is None or provider_id is None:
             raise UserError("these clusters were never peered by gpuferry (no cluster ID recorded)")
+        await resolve_agents(args, consumer, provider, progress)
         if args.agents == "local":  # the consumer agent undoes the peering on this side: it must run
             ensure_agent("consumer", consumer_id, args.kubeconfig)
         # a gateway whose PeerNetwork never came (the peering failed before the network) has no
@@ -545,10 +588,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     remote.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step (120)")
     remote.add_argument(
         "--agents",
-        choices=["local", "none"],
-        default="local",
-        help="run gpuferry's controllers as local background processes (default), or "
-        "rely on controllers already running in the clusters",
+        choices=["auto", "local", "none"],
+        default="auto",
+        help="auto (default): rely on the controllers `gpuferry install` runs in the clusters when "
+        "both have them, else run them here as local background processes (development mode); "
+        "local or none to say which",
     )
     remote.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     remote.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

@@ -186,7 +186,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
     # the CLI starts nothing: it writes objects; the controllers in the clusters peer
     cli = Cli(consumer, provider, tmp_path / "cache")
     server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
-    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--agents", "none",
+    # (no --agents: both clusters run the installed controllers, so peer starts none here)
+    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
                        "--no-network", "--remote-server", server, "--gpus", "2", "--selector", H100,
                        "-o", "json")  # fmt: skip
     assert json.loads(out)["provider"] == "gpu-farm"
@@ -277,9 +278,11 @@ async def test_installed_controllers_peer_and_offload_as_pods(
             assert {c["image"] for p in live for c in p["spec"]["containers"]} == {newer}, role
         upgraded = await kubelet_pod(consumer, timeout=120)
         for _ in range(240):
-            if upgraded and upgraded["spec"]["containers"][0]["image"].endswith(":upgraded") and (
-                condition(upgraded, "Ready") or {}
-            ).get("status") == "True":
+            if (
+                upgraded
+                and upgraded["spec"]["containers"][0]["image"].endswith(":upgraded")
+                and (condition(upgraded, "Ready") or {}).get("status") == "True"
+            ):
                 break
             await asyncio.sleep(0.5)
             upgraded = await kubelet_pod(consumer, timeout=5)
@@ -317,7 +320,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         await cli.ok("unoffload", "namespace", "chart-work", "--kubeconfig", cli.c)
     finally:
         consumer.kubectl("delete", "namespace", "chart-work", "--wait=false")
-    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--agents", "none")
+    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
     # the virtual kubelet went with its VirtualNode: Deployment, account, binding, Node
     assert consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy,sa", "-l",
                             "app.kubernetes.io/component=virtual-kubelet", "-o", "name") == ""  # fmt: skip

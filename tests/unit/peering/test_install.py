@@ -139,3 +139,14 @@ def test_the_wheel_carries_every_file_of_the_chart() -> None:
     assert "Chart.yaml" in files and any(f.startswith("crds/") for f in files)
     missed = [f for f in files if not any(fnmatch.fnmatch(f"chart/{f}", g) for g in globs)]
     assert missed == [], f"add these to [tool.setuptools.package-data] in pyproject.toml: {missed}"
+
+
+def test_peer_relies_on_installed_controllers_only_when_both_clusters_have_them() -> None:
+    from peering.cli.peering_cmds import choose_agents
+
+    assert choose_agents("auto", {"consumer": True, "provider": True}) == "none"
+    assert choose_agents("auto", {"consumer": False, "provider": False}) == "local"
+    assert choose_agents("local", {"consumer": True, "provider": True}) == "local"  # said: done
+    half = r"installed in the consumer cluster but not in the provider.*--role provider"
+    with pytest.raises(UserError, match=half):
+        choose_agents("auto", {"consumer": True, "provider": False})
