@@ -65,6 +65,7 @@ def forge_options(settings: VirtualKubeletSettings) -> ForgeOptions:
         virtual_node_name=settings.effective_node_name,
         namespace_strategy=settings.namespace_strategy,
         grant_node_selector=dict(settings.provider_node_selector),
+        grant_tolerations=tuple(settings.provider_tolerations),
         service_account_tokens=settings.service_account_tokens,
     )
 

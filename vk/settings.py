@@ -40,6 +40,8 @@ class VirtualKubeletSettings:
     """Extra labels for the Node, on top of the virtual-node identity."""
     provider_node_selector: dict[str, str] = field(default_factory=dict)
     """Which provider nodes the grant covers (e.g. a GPU product); used for labels and fit."""
+    provider_tolerations: tuple[dict[str, Any], ...] = ()
+    """The provider taints the grant tolerates: twins carry them, fit counts those nodes."""
     tenant_namespace: str = ""
     """With a scoped identity: the consumer's tenant namespace on the provider. Twin namespaces
     then come from its NamespaceOffloading requests and capacity from the GPUSlice there;
@@ -148,6 +150,7 @@ def from_virtual_node(
         resources={str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
         node_labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
         provider_node_selector={str(k): str(v) for k, v in (spec.get("providerNodeSelector") or {}).items()},
+        provider_tolerations=tuple(dict(t) for t in spec.get("providerTolerations") or ()),
         tenant_namespace=str(spec.get("tenantNamespace") or ""),
         slice_name=str(spec.get("sliceName") or ""),
     )

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import re
 from typing import Any
 
 from kube.api import GPU_RESOURCE, NETWORK_READY, PROVIDER_LABEL, SYSTEM_NAMESPACE, virtual_node_name
@@ -99,6 +100,7 @@ def foreign_cluster(
     selector: dict[str, str],
     allow_partial: bool,
     networking: bool,
+    tolerations: list[dict[str, str]] | None = None,
 ) -> RawObject:
     """The ForeignCluster of a provider on the consumer: all the consumer agent needs to peer. Pure."""
     spec: dict[str, Any] = {
@@ -110,6 +112,7 @@ def foreign_cluster(
             "resources": dict(resources),
             "nodeSelector": dict(selector),
             "allowPartial": allow_partial,
+            **({"tolerations": tolerations} if tolerations else {}),
         },
         "networkingEnabled": networking,
     }
@@ -248,6 +251,9 @@ async def _provider_tunnel(provider: KubeClient, consumer_id: str, timeout: floa
     return obj
 
 
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
 INSTALLED_DEPLOYMENTS = {"consumer": "gpuferry-consumer", "provider": "gpuferry-provider"}
 """The chart's controllers: a cluster that has its role's Deployment runs gpuferry itself."""
 
@@ -288,9 +294,31 @@ async def resolve_agents(
                       "(development mode; gpuferry install runs them in the clusters)")  # fmt: skip
 
 
+def parse_tolerations(values: list[str] | None) -> list[dict[str, str]]:
+    """``--tolerate KEY[=VALUE][:EFFECT]`` as pod tolerations (Exists without a value). Pure."""
+    out: list[dict[str, str]] = []
+    for text in values or ():
+        rest, _, effect = text.rpartition(":") if ":" in text else (text, "", "")
+        key, eq, value = rest.partition("=")
+        if not key or (eq and not value):
+            raise UserError(f"--tolerate expects KEY[=VALUE][:EFFECT], got {text!r}")
+        if effect and effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise UserError(f"--tolerate {text!r}: the effect is NoSchedule, PreferNoSchedule or NoExecute")
+        if not LABEL_KEY.match(key) or (value and not LABEL_VALUE.match(value)):
+            raise UserError(f"--tolerate {text!r}: {key!r}={value!r} is not a valid taint key and value")
+        toleration = (
+            {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
+        )
+        if effect:
+            toleration["effect"] = effect
+        out.append(toleration)
+    return out
+
+
 async def cmd_peer(args: argparse.Namespace) -> int:
     resources = requested_resources(args)
     selector = parse_pairs(args.selector, "--selector")
+    tolerations = parse_tolerations(args.tolerate)
     if not args.remote_kubeconfig:
         raise UserError("give the provider's kubeconfig: --remote-kubeconfig PATH")
     progress = Progress(args.quiet)
@@ -343,6 +371,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             selector=selector,
             allow_partial=args.allow_partial,
             networking=not args.no_network,
+            tolerations=tolerations,
         )
         fc = await _apply(consumer, FOREIGNCLUSTERS, body)
         progress.step(
@@ -624,6 +653,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     peer.add_argument(
         "--allow-partial", action="store_true", help="accept less than asked if that is all there is"
+    )
+    peer.add_argument(
+        "--tolerate",
+        action="append",
+        metavar="KEY[=VALUE][:EFFECT]",
+        help="provider nodes with this taint count too, and the twins tolerate it (real GPU nodes are "
+        "often tainted nvidia.com/gpu:NoSchedule), repeatable",
     )
     peer.add_argument(
         "--no-network",

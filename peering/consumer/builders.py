@@ -3,7 +3,7 @@ PeerNetwork, the consumer's network in the Tenant, the ForeignCluster's conditio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kube.api import GPU_RESOURCE, PROVIDER_LABEL, SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
@@ -44,12 +44,15 @@ def with_defaults(resources: Mapping[str, Any]) -> dict[str, str]:
 
 def desired_slice_spec(consumer_id: str, request: Mapping[str, Any]) -> dict[str, Any]:
     """The GPUSlice spec for a ForeignCluster's ``spec.slice`` (see :func:`with_defaults`)."""
-    return {
+    spec = {
         "consumerClusterID": consumer_id,
         "resources": with_defaults(request.get("resources") or {}),
         "nodeSelector": {str(k): str(v) for k, v in (request.get("nodeSelector") or {}).items()},
         "allowPartial": bool(request.get("allowPartial", False)),
     }
+    if request.get("tolerations"):
+        spec["tolerations"] = [dict(t) for t in request["tolerations"]]
+    return spec
 
 
 def gpuslice(consumer_id: str, spec: Mapping[str, Any]) -> RawObject:
@@ -70,6 +73,7 @@ def same_slice_spec(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> bo
             {str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
             {str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
             bool(spec.get("allowPartial", False)),
+            [dict(t) for t in spec.get("tolerations") or ()],
         )
 
     return norm(current) == norm(wanted)
@@ -95,7 +99,13 @@ def virtual_node_spec_from_grant(slice_obj: RawObject) -> dict[str, Any] | None:
 
 
 def virtual_node(
-    *, provider_id: str, consumer_id: str, grant: Mapping[str, Any], selector: Mapping[str, str], secret: str
+    *,
+    provider_id: str,
+    consumer_id: str,
+    grant: Mapping[str, Any],
+    selector: Mapping[str, str],
+    secret: str,
+    tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> RawObject:
     """The VirtualNode standing for a granted slice (its kubelet reads everything from it)."""
     return {
@@ -117,6 +127,7 @@ def virtual_node(
             "resources": dict(grant["resources"]),
             "shape": dict(grant["shape"]),
             "kubeconfigSecretRef": {"name": secret, "key": "kubeconfig"},
+            **({"providerTolerations": [dict(t) for t in tolerations]} if tolerations else {}),
         },
     }
 

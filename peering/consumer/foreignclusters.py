@@ -228,6 +228,7 @@ class ForeignClusterReconciler:
                 grant=grant,
                 selector=selector,
                 secret=identity_secret_name(provider_id),
+                tolerations=(spec.get("slice") or {}).get("tolerations") or (),
             )
             if existing is None or differs(existing.get("spec") or {}, body["spec"]):
                 await self.consumer.patch(

@@ -35,6 +35,7 @@ from kube.quantities import (
     parse_resource_list,
     pod_requests,
 )
+from kube.taints import blocking_taints, untolerated
 
 from ..resources import TENANT_NAMESPACE_PREFIX
 
@@ -57,7 +58,6 @@ _MILLI = Decimal("0.001")
 _GFD_PREFIX = "nvidia.com/"
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 _GRANTED_PHASES = frozenset({"Granted", "PartiallyGranted"})
-_BLOCKING_TAINTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ class NodeFree:
     name: str
     labels: Mapping[str, str]
     free: ResourceList
+    taints: tuple[Mapping[str, Any], ...] = ()
+    """Its NoSchedule/NoExecute taints: only a slice that tolerates them all may be granted it."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class SliceRequest:
     resources: ResourceList
     node_selector: Mapping[str, str]
     allow_partial: bool
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    """The provider taints its twins may tolerate (e.g. ``nvidia.com/gpu:NoSchedule``)."""
     created: str = ""
     holds_grant: bool = False
     """Granted (in full or in part) for its current spec in an earlier pass."""
@@ -113,12 +117,10 @@ class Decision:
 
 
 def node_is_usable(node: Mapping[str, Any]) -> bool:
-    """Ready, not cordoned, not being deleted, and without NoSchedule/NoExecute taints."""
+    """Ready, not cordoned, not being deleted (taints are for each slice to tolerate)."""
     md = node.get("metadata") or {}
     spec = node.get("spec") or {}
     if md.get("deletionTimestamp") or spec.get("unschedulable"):
-        return False
-    if any(t.get("effect") in _BLOCKING_TAINTS for t in spec.get("taints") or ()):
         return False
     ready = [c for c in (node.get("status") or {}).get("conditions") or () if c.get("type") == "Ready"]
     return bool(ready) and ready[0].get("status") == "True"
@@ -170,7 +172,7 @@ def free_capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str
         alloc = parse_resource_list((node.get("status") or {}).get("allocatable"))
         taken = used.get(md["name"], {})
         free = {res: max(amount - taken.get(res, Decimal(0)), Decimal(0)) for res, amount in alloc.items()}
-        out.append(NodeFree(md["name"], dict(md.get("labels") or {}), free))
+        out.append(NodeFree(md["name"], dict(md.get("labels") or {}), free, tuple(blocking_taints(node))))
     return sorted(out, key=lambda n: n.name)
 
 
@@ -202,6 +204,7 @@ def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
         resources={k: v for k, v in parse_resource_list(spec.get("resources")).items() if v > 0},
         node_selector=dict(spec.get("nodeSelector") or {}),
         allow_partial=bool(spec.get("allowPartial")),
+        tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
         created=str(md.get("creationTimestamp") or ""),
         holds_grant=bool(holds),
     )
@@ -294,10 +297,14 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
         return Decision("Denied", "ConsumerMismatch",
                         f"spec.consumerClusterID {req.consumer_id!r} is not this namespace's "
                         f"consumer {tenant_id!r}")
-    matching = [n for n in nodes if selector_matches(req.node_selector, n.labels)]
+    selected = [n for n in nodes if selector_matches(req.node_selector, n.labels)]
+    matching = [n for n in selected if not untolerated(n.taints, req.tolerations)]
     if not matching:
+        tainted = sorted({t for n in selected for t in untolerated(n.taints, req.tolerations)})
+        why = f"; the matching nodes have taints the slice does not tolerate: {', '.join(tainted)}" \
+            if tainted else ""
         return Decision("Denied", "NoMatchingNodes",
-                        f"no schedulable node matches nodeSelector {dict(req.node_selector)}")
+                        f"no schedulable node matches nodeSelector {dict(req.node_selector)}{why}")
     taken: dict[str, ResourceList] = {}
     granted = _spread(req.resources, matching, remaining, taken)
     short = sorted(r for r, need in req.resources.items() if granted[r] < need)

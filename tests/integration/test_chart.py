@@ -376,3 +376,61 @@ async def test_an_image_that_is_not_on_the_node_is_one_clear_error(
         assert "Traceback" not in proc.stderr
     finally:
         uninstall(consumer, tmp_path)
+
+
+@pytest.mark.timeout(600)
+async def test_a_twin_runs_as_a_real_container_and_kubectl_reaches_it_through_the_installed_kubelet(
+    installed: None, consumer: LocalCluster, provider: LocalCluster,
+    consumer_client: KubeClient, provider_client: KubeClient, tmp_path: Path,
+) -> None:  # fmt: skip
+    """The provider's real node is tainted (as GPU nodes often are): a slice that tolerates the
+    taint is granted its GPUs, the twin carries the toleration and runs as a real container; logs
+    and exec from the consumer go through the virtual kubelet's pod to it."""
+    cli = Cli(consumer, provider, tmp_path / "cache")
+    server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
+    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--no-network",
+                       "--remote-server", server, "--gpus", "1", "--cpu", "500m", "--memory", "512Mi",
+                       "--pods", "5", "--selector", "nvidia.com/gpu.product=Tesla-T4",
+                       "--tolerate", "gpuferry.io/real-node:NoSchedule", "-o", "json")  # fmt: skip
+    assert json.loads(out)["provider"] == "gpu-farm"
+    gslice = json.loads(provider.kubectl("-n", "gpuferry-tenant-ml-eu", "get", "gpuslice/ml-eu", "-o=json"))
+    assert gslice["status"]["phase"] == "Granted"
+    assert [n["name"] for n in gslice["status"]["shape"]["nodes"]] == ["real-0"]
+    work = "real-work"
+    consumer.kubectl("create", "namespace", work)
+    try:
+        await cli.ok("offload", "namespace", work, "--kubeconfig", cli.c)
+        image = provider.images["gpuferry"]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ferried", "namespace": work},
+               "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{
+                            "name": "main", "image": image, "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", "echo ferried to $(hostname); sleep 3600"],
+                            "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "100m", "memory": "64Mi"}},
+                            "securityContext": {"allowPrivilegeEscalation": False,
+                                                "capabilities": {"drop": ["ALL"]}}}]}}  # fmt: skip
+        consumer.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        running = await wait_for(consumer_client, PODS, "ferried",
+                                 lambda p: (p.get("status") or {}).get("phase") == "Running",
+                                 namespace=work, timeout=120)  # fmt: skip
+        assert running["spec"]["nodeName"] == virtual_node_name("gpu-farm")
+        (twin,) = (await provider_client.list(PODS, namespace=f"{work}-ml-eu"))["items"]
+        assert twin["spec"]["nodeName"] == "real-0"
+        assert {"key": "gpuferry.io/real-node", "operator": "Exists", "effect": "NoSchedule"} in twin["spec"][
+            "tolerations"
+        ]
+        # logs and exec: the API server → the virtual kubelet's pod → the provider → the real kubelet
+        logs = ""
+        for _ in range(30):
+            logs = consumer.kubectl("-n", work, "logs", "ferried", check=False)
+            if "ferried to" in logs:
+                break
+            await asyncio.sleep(1)
+        assert logs.strip() == f"ferried to {twin['metadata']['name']}", logs
+        said = consumer.kubectl("-n", work, "exec", "ferried", "--", "sh", "-c", "id -u; cat /proc/1/cmdline")
+        assert said.splitlines()[0] == "65532" and "sleep" in said, said
+        await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
+    finally:
+        consumer.kubectl("delete", "namespace", work, "--wait=false")
+    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)

@@ -390,6 +390,21 @@ REFUSALS: list[tuple[str, Callable[[], Obj], list[str]]] = [
         lambda: example("GPUSlice", allowPartial="yes"),
         ['spec.allowPartial: Invalid value: "string": spec.allowPartial in body must be of type boolean'],
     ),
+    (
+        "slice-toleration-exists-with-value",
+        lambda: example("GPUSlice", tolerations=[{"key": "gpu", "operator": "Exists", "value": "x"}]),
+        ["spec.tolerations[0]", "a toleration with operator Exists has no value"],
+    ),
+    (
+        "slice-toleration-bad-effect",
+        lambda: example("GPUSlice", tolerations=[{"key": "nvidia.com/gpu", "effect": "Never"}]),
+        ['spec.tolerations[0].effect: Unsupported value: "Never"'],
+    ),
+    (
+        "slice-toleration-no-key-equal",
+        lambda: example("GPUSlice", tolerations=[{"operator": "Equal", "value": "x"}]),
+        ["a toleration without a key must have operator Exists"],
+    ),
     # VirtualNode
     (
         "vn-missing-kubeconfig",

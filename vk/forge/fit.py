@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from kube.quantities import ResourceList, add, fits, format_quantity, parse_resource_list, pod_requests, sub
+from kube.taints import BLOCKING_EFFECTS, format_taint, tolerates
 
 __all__ = [
     "FitResult",
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-_BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # The one-per-pod slot: left out of messages about a pod's needs unless it is what is short.
 _PODS = "pods"
 
@@ -60,22 +60,6 @@ def placement_request(pod: Mapping[str, Any]) -> ResourceList:
     return add(pod_requests(pod), {_PODS: Decimal(1)})
 
 
-def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    """Whether some toleration tolerates ``taint`` (the core/v1 ``ToleratesTaint`` rules)."""
-    for toleration in tolerations:
-        effect = toleration.get("effect")
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key")
-        if key and key != taint.get("key"):
-            continue
-        if toleration.get("operator") == "Exists":
-            return True
-        if key and toleration.get("value", "") == taint.get("value", ""):
-            return True
-    return False
-
-
 def unschedulable_reason(
     node: Mapping[str, Any],
     *,
@@ -95,9 +79,8 @@ def unschedulable_reason(
     if not ready or ready[0].get("status") != "True":
         return "not Ready"
     for taint in spec.get("taints") or ():
-        if taint.get("effect") in _BLOCKING_EFFECTS and not tolerates(tolerations, taint):
-            value = f"={taint['value']}" if taint.get("value") else ""
-            return f"has taint {taint.get('key')}{value}:{taint.get('effect')}"
+        if taint.get("effect") in BLOCKING_EFFECTS and not tolerates(tolerations, taint):
+            return f"has taint {format_taint(taint)}"
     return None
 
 

@@ -105,6 +105,9 @@ class ForgeOptions:
     grant_node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """The provider nodes the grant covers (e.g. one GPU product): added to every twin's
     ``nodeSelector`` so that twins never land outside the slice they were granted."""
+    grant_tolerations: tuple[Mapping[str, Any], ...] = ()
+    """The provider taints the grant tolerates (its GPU nodes' ``nvidia.com/gpu:NoSchedule``,
+    say): added to every twin's tolerations, since the consumer's pods cannot know them."""
 
     @property
     def node(self) -> str:
@@ -162,7 +165,9 @@ def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions, pod_name: str
     selector = {**(forge_node_selector(spec.get("nodeSelector"), identity) or {}), **opts.grant_node_selector}
     _set_or_drop(spec, "nodeSelector", selector or None)
     _set_or_drop(spec, "affinity", forge_affinity(spec.get("affinity"), identity, opts.node))
-    _set_or_drop(spec, "tolerations", forge_tolerations(spec.get("tolerations")))
+    tolerations = forge_tolerations(spec.get("tolerations")) or []
+    tolerations += [dict(t) for t in opts.grant_tolerations if dict(t) not in tolerations]
+    _set_or_drop(spec, "tolerations", tolerations or None)
     spec["automountServiceAccountToken"] = False
     if opts.service_account_tokens:
         rewrite_token_volumes(spec, pod_name)

@@ -139,6 +139,7 @@ class NodeController:
             settings=settings.watch,
             on_change=self._mark_dirty,
             ignored_selector_keys=identity_keys(settings.provider_cluster_id, self.node_name),
+            tolerations=settings.provider_tolerations,
         )
         self.node: RawObject | None = None
         """The Node as last written or read (``None`` before registration)."""

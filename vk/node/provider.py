@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -68,8 +68,11 @@ class ProviderView:
         settings: WatchSettings,
         on_change: Callable[[], None] = lambda: None,
         ignored_selector_keys: frozenset[str] = frozenset(),
+        tolerations: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.provider = provider
+        self.tolerations = [dict(t) for t in tolerations]
+        """The grant's tolerations (a slice may cover tainted GPU nodes): every twin carries them."""
         self.selector = dict(selector)
         self.settings = settings
         self.on_change = on_change
@@ -102,15 +105,17 @@ class ProviderView:
         """Node name → free resources, for the Ready, uncordoned provider nodes that the grant's
         selector (and ``selector``) picks and whose taints ``tolerations`` tolerate."""
         wanted = {**self.selector, **(selector or {})}
+        tolerated = [*self.tolerations, *(tolerations or ())]
         free = self._all_free()
         return {
             name: dict(free[name])
             for name, node in self.nodes.items()
-            if unschedulable_reason(node, selector=wanted, tolerations=tolerations or ()) is None
+            if unschedulable_reason(node, selector=wanted, tolerations=tolerated) is None
         }
 
     def largest(self) -> ResourceList:
-        """Per resource, the largest amount free on one schedulable picked node (no tolerations)."""
+        """Per resource, the largest amount free on one schedulable picked node (the grant's
+        tolerations only)."""
         largest: ResourceList = {}
         for free in self.per_node_free().values():
             for name, amount in free.items():

@@ -150,3 +150,28 @@ def test_peer_relies_on_installed_controllers_only_when_both_clusters_have_them(
     half = r"installed in the consumer cluster but not in the provider.*--role provider"
     with pytest.raises(UserError, match=half):
         choose_agents("auto", {"consumer": True, "provider": False})
+
+
+@pytest.mark.parametrize(
+    "text,toleration",
+    [
+        ("nvidia.com/gpu", {"key": "nvidia.com/gpu", "operator": "Exists"}),
+        (
+            "nvidia.com/gpu:NoSchedule",
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        ),
+        ("pool=lent:NoExecute", {"key": "pool", "operator": "Equal", "value": "lent", "effect": "NoExecute"}),
+    ],
+)
+def test_tolerate_reads_as_a_pod_toleration(text: str, toleration: dict[str, str]) -> None:
+    from peering.cli.peering_cmds import parse_tolerations
+
+    assert parse_tolerations([text]) == [toleration]
+
+
+@pytest.mark.parametrize("text", ["", "=x", "pool=", "pool:Sometimes", "a b", "pool=(x"])
+def test_a_bad_tolerate_is_refused_before_anything_is_sent(text: str) -> None:
+    from peering.cli.peering_cmds import parse_tolerations
+
+    with pytest.raises(UserError, match="--tolerate"):
+        parse_tolerations([text])

@@ -114,10 +114,29 @@ def test_cordoned_tainted_and_unready_nodes_are_not_used() -> None:
     nodes = [node("l4-0", 2, L4, unschedulable=True), node("l4-1", 2, L4, ready=False),
              node("l4-2", 2, L4, taints=[{"key": "x", "effect": "NoSchedule"}]),
              node("l4-3", 2, L4, taints=[{"key": "y", "effect": "PreferNoSchedule"}])]
-    assert [node_is_usable(n) for n in nodes] == [False, False, False, True]
+    # taints are each slice's to tolerate: the node is usable, but not for a slice without tolerations
+    assert [node_is_usable(n) for n in nodes] == [False, False, True, True]
     d = decide(nodes, [gslice("a", "s", {"nvidia.com/gpu": 4}, partial=True)])
     assert d[("gpuferry-tenant-a", "s")].granted == {"nvidia.com/gpu": Decimal(2)}
+    assert set(d[("gpuferry-tenant-a", "s")].nodes) == {"l4-3"}
 
+
+
+def test_a_slice_that_tolerates_a_taint_is_granted_the_tainted_nodes() -> None:
+    """Real GPU nodes are often tainted (nvidia.com/gpu:NoSchedule): a slice may tolerate that."""
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    nodes = [node("l4-0", 2, L4, taints=[gpu_taint]), node("l4-1", 2, L4, taints=[gpu_taint])]
+    plain = gslice("a", "s", {"nvidia.com/gpu": 4})
+    denied = decide(nodes, [plain])[("gpuferry-tenant-a", "s")]
+    assert denied.reason == "NoMatchingNodes"
+    assert "taints the slice does not tolerate: nvidia.com/gpu=present:NoSchedule" in denied.message
+    tolerant = gslice("a", "s", {"nvidia.com/gpu": 4})
+    tolerant["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    granted = decide(nodes, [tolerant])[("gpuferry-tenant-a", "s")]
+    assert granted.phase == "Granted" and set(granted.nodes) == {"l4-0", "l4-1"}
+    wrong = gslice("a", "s", {"nvidia.com/gpu": 4})
+    wrong["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "absent"}]
+    assert decide(nodes, [wrong])[("gpuferry-tenant-a", "s")].reason == "NoMatchingNodes"
 
 def test_no_matching_nodes_and_wrong_tenant() -> None:
     d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 1}, selector={"nvidia.com/gpu.product": "B200"})])
@@ -207,3 +226,20 @@ def test_twin_pods_beyond_their_reservation_occupy_the_node() -> None:
             for n in free_capacity(NODES, pods, {"ml-a": "a", "serve-a": "a"}, reservations)}
     # within the reservation on l4-0 (1 + 1 of 2): not charged; on l4-1 it is all beyond
     assert free == {"h100-0": 8, "l4-0": 2, "l4-1": 0}
+
+
+def test_the_slices_tolerations_travel_from_the_foreign_cluster_to_the_virtual_node() -> None:
+    from peering.consumer.builders import desired_slice_spec, same_slice_spec, virtual_node
+
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    plain = desired_slice_spec("ml-eu", {"resources": {"nvidia.com/gpu": "2"}})
+    assert "tolerations" not in plain
+    tolerant = desired_slice_spec("ml-eu", {"resources": {"nvidia.com/gpu": "2"}, "tolerations": [gpu]})
+    assert tolerant["tolerations"] == [gpu]
+    assert not same_slice_spec(plain, tolerant), "a new toleration is a new request"
+    grant = {"resources": {"nvidia.com/gpu": "2"}, "shape": {}, "labels": {}}
+    vn = virtual_node(provider_id="farm", consumer_id="ml-eu", grant=grant, selector={}, secret="s",
+                      tolerations=[gpu])  # fmt: skip
+    assert vn["spec"]["providerTolerations"] == [gpu]
+    bare = virtual_node(provider_id="farm", consumer_id="ml-eu", grant=grant, selector={}, secret="s")
+    assert "providerTolerations" not in bare["spec"]

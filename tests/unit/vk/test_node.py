@@ -512,3 +512,19 @@ def test_the_network_condition_follows_the_peer_networks_own() -> None:
     )
     conditions = node_conditions(provider_reachable=True, network=network_condition(down))
     assert conditions[-1].type == "NetworkReady" and conditions[-1].status == "False"
+
+
+def test_view_counts_the_tainted_nodes_the_grant_tolerates() -> None:
+    """A slice granted on tainted GPU nodes: its tolerations count for every pod (twins carry
+    them), and the largest block is taken over those nodes too."""
+    tainted = node("h100-t", labels=H100, taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}])
+    plain, _ = make_view()
+    feed(plain, [tainted, node("l4-0", gpus=2, labels=L4)], [])
+    assert plain.largest()["nvidia.com/gpu"] == 2
+    gpu = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    client = KubeClient(Connection(server="https://127.0.0.1:1"))
+    view = ProviderView(provider=client, selector={}, settings=WatchSettings(), tolerations=gpu)
+    feed(view, [tainted, node("l4-0", gpus=2, labels=L4)], [])
+    assert view.largest()["nvidia.com/gpu"] == 8
+    fit = view.fit(gpu_pod("p", gpus=4, phase=None))
+    assert fit.ok and fit.node == "h100-t"

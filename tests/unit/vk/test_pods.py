@@ -273,3 +273,19 @@ def test_the_grant_selector_keeps_twins_inside_the_granted_nodes() -> None:
         "pool": "lent",
     }
     assert remote_pod_update(local, twin, opts) is None  # nodeSelector is immutable: never patched
+
+
+def test_twins_carry_the_grants_tolerations_of_tainted_provider_nodes() -> None:
+    """The consumer's pods cannot know the provider's taints (nvidia.com/gpu:NoSchedule): the
+    grant's tolerations are added to every twin, once, and an update adds nothing more."""
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    opts = ForgeOptions(
+        consumer_cluster_id=CONSUMER_ID, provider_cluster_id=PROVIDER_ID, grant_tolerations=(gpu,)
+    )
+    local = consumer_pod()
+    local["spec"]["tolerations"] = [VIRTUAL_NODE_TOLERATION, {"key": "zone", "operator": "Exists"}]
+    twin = remote_pod(local, opts)
+    assert twin["spec"]["tolerations"] == [{"key": "zone", "operator": "Exists"}, gpu]
+    local["spec"]["tolerations"].append(gpu)  # the user tolerates it too: still once
+    assert remote_pod(local, opts)["spec"]["tolerations"] == [{"key": "zone", "operator": "Exists"}, gpu]
+    assert remote_pod_update(local, twin, opts) is None

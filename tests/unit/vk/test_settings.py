@@ -83,3 +83,11 @@ def test_flags_need_a_provider_unless_a_virtual_node_is_given(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         parse_settings(["--virtual-node", "no-slash"])
     assert "NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_the_grants_tolerations_come_from_the_virtual_node() -> None:
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert from_virtual_node(virtual_node(), secret(), BASE).provider_tolerations == ()
+    assert from_virtual_node(
+        virtual_node(providerTolerations=[gpu]), secret(), BASE
+    ).provider_tolerations == (gpu,)
