@@ -66,10 +66,24 @@ class Agent:
         try:
             pid = int((self.directory / "pid").read_text())
             recorded = json.loads((self.directory / "cmdline").read_text())
-            running = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            running = _cmdline(pid)
         except (OSError, ValueError):
             return None
-        return pid if [part.decode() for part in running] == recorded else None
+        return pid if running == recorded else None
+
+
+def _cmdline(pid: int, settle: float = 1.0) -> list[str]:
+    """The arguments of a live process. Just after ``Popen`` returns, the kernel may not have put
+    the new program's arguments in place yet (the parent resumes before ``execve`` is through):
+    an empty command line of a process that is not a zombie is read again, briefly."""
+    deadline = time.monotonic() + settle
+    while True:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if raw or time.monotonic() > deadline:
+            return [part.decode() for part in raw.split(b"\0")[:-1]]
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return []
+        time.sleep(0.01)
 
 
 def _load(directory: Path) -> Agent | None:

@@ -45,3 +45,23 @@ def test_an_agent_is_started_once_and_stopped_with_its_children(
         time.sleep(0.05)
     assert not _alive(child), "the agent's children are stopped with it"
     assert not stop_agent(agent), "stopping twice is a no-op"
+
+
+def test_a_just_started_process_is_read_with_its_arguments() -> None:
+    """Just after Popen returns, /proc/PID/cmdline can still be empty (the parent resumes before
+    execve is through): an agent started a moment ago was taken for a dead one and started twice."""
+    import subprocess
+
+    from peering.localagents import _cmdline
+
+    for _ in range(300):  # about 0.1 s; the bare read was empty a few times in 300 here
+        proc = subprocess.Popen(["sleep", "5"], stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            assert _cmdline(proc.pid) == ["sleep", "5"]
+        finally:
+            proc.kill()
+            proc.wait()
+    exited = subprocess.Popen(["true"])
+    time.sleep(0.2)  # a zombie (not waited for yet) has no arguments
+    assert _cmdline(exited.pid) == []
+    exited.wait()
