@@ -89,9 +89,15 @@ class GatewayPlacement:
     key_secret: str
 
 
-def iface_name(key: ObjectKey) -> str:
-    """``gf<10 hex>``: unique on the host for a PeerNetwork (15 characters at most)."""
-    return "gf" + hashlib.sha256(f"{key.namespace}/{key.name}".encode()).hexdigest()[:10]
+def iface_name(key: ObjectKey, netns: str | None = None) -> str:
+    """``gf<10 hex>``: unique on the host for a PeerNetwork (15 characters at most).
+
+    With a named netns, its name is part of it: two clusters on one host (two providers of the
+    same consumer, say) have PeerNetworks of the same namespace and name, and wireguard-go's
+    control socket (``/var/run/wireguard/<iface>.sock``) is not per netns: the same name let
+    one gateway configure, and tear down, the other's device."""
+    where = f"{netns}:" if netns else ""
+    return "gf" + hashlib.sha256(f"{where}{key.namespace}/{key.name}".encode()).hexdigest()[:10]
 
 
 def key_secret_name(peer_id: str) -> str:
@@ -111,14 +117,15 @@ def placement(
         gateway_ip = IPv4Address(declaration.gateway_ip)
     if gateway_ip is None:
         raise ValueError("no gateway IP: give --gateway-ip or declare gatewayIP")
+    netns = settings.netns or declaration.gateway_netns
     return GatewayPlacement(
         slot=slot,
-        iface=iface_name(key),
+        iface=iface_name(key, netns),
         key_secret=key_secret_name(str(spec.get("clusterID") or key.name)),
         settings=GatewaySettings(
-            iface=iface_name(key),
+            iface=iface_name(key, netns),
             gateway_ip=gateway_ip,
-            netns=settings.netns or declaration.gateway_netns,
+            netns=netns,
             listen_port=declaration.endpoint_port + slot if listens else None,
             mtu=declaration.mtu,  # this cluster's tunnels (None: the PeerNetwork's, else 1420)
             pool=settings.pool,

@@ -71,3 +71,12 @@ def test_slots_are_kept_on_the_object_and_the_lowest_free_one_is_taken() -> None
     with pytest.raises(ValueError):
         free_slot(set(range(64)))
     assert iface_name(ObjectKey("a", "b")) != iface_name(ObjectKey("b", "a"))
+
+
+def test_two_clusters_on_one_host_never_share_an_interface_name() -> None:
+    """Two providers of one consumer both have gpuferry-tenant-ml-eu/ml-eu; wireguard-go's
+    control socket is per name, not per netns: the federation test's gateways once collided."""
+    key = ObjectKey("gpuferry-tenant-ml-eu", "ml-eu")
+    assert iface_name(key, "gf-test-provider") != iface_name(key, "gf-test-provider-b")
+    assert iface_name(key) == iface_name(key, None), "in its own netns the name is as before"
+    assert len(iface_name(key, "gf-test-provider-b")) <= 15
