@@ -128,8 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     install_cmds.add_install_arguments(install)
     install.set_defaults(handler=cmd_install)
     install_sub = install.add_subparsers(dest="what", required=False, metavar="[crds]")
+    # the same flags after `crds` as before it (gpuferry install --kubeconfig X crds): the
+    # subcommand's own defaults must not overwrite what `install` already read
+    sub_common = argparse.ArgumentParser(add_help=False)
+    sub_common.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="as for install")
+    sub_common.add_argument("--context", default=argparse.SUPPRESS, help="as for install")
     crds = install_sub.add_parser(
-        "crds", parents=[common], help="apply the CRDs (idempotent) and wait until the API server serves them"
+        "crds", parents=[sub_common], help="apply the CRDs (idempotent), wait until they are served"
     )
     crds.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
     crds.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -175,3 +175,11 @@ def test_a_bad_tolerate_is_refused_before_anything_is_sent(text: str) -> None:
 
     with pytest.raises(UserError, match="--tolerate"):
         parse_tolerations([text])
+
+
+def test_install_crds_takes_the_kubeconfig_before_or_after_crds() -> None:
+    from peering.cli.main import build_parser
+
+    for argv in (["install", "--kubeconfig", "k", "crds"], ["install", "crds", "--kubeconfig", "k"]):
+        assert build_parser().parse_args(argv).kubeconfig == "k", argv
+    assert build_parser().parse_args(["install", "crds"]).kubeconfig is None
