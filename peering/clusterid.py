@@ -23,6 +23,7 @@ __all__ = [
     "CLUSTER_ID_CONFIGMAP",
     "SYSTEM_NAMESPACE",
     "ClusterIDError",
+    "choose_cluster_id",
     "derive_cluster_id",
     "ensure_cluster_id",
 ]
@@ -87,19 +88,26 @@ async def read_cluster_id(client: KubeClient) -> str | None:
     return str(value) if value else None
 
 
-async def ensure_cluster_id(client: KubeClient, *, requested: str | None, fallback: str) -> str:
-    """The cluster's ID: the recorded one; else ``requested`` (validated) or one derived from
-    ``fallback``, recorded now. A ``requested`` ID that differs from the recorded one is an error
-    (renaming a peered cluster would orphan everything named after it)."""
-    current = await read_cluster_id(client)
-    if current is not None:
-        if requested and requested != current:
+def choose_cluster_id(recorded: str | None, requested: str | None, fallback: str) -> str:
+    """The recorded ID; else ``requested`` (validated) or one derived from ``fallback``. A
+    ``requested`` ID that differs from the recorded one is an error (renaming a peered cluster
+    would orphan everything named after it). Pure."""
+    if recorded is not None:
+        if requested and requested != recorded:
             raise ClusterIDError(
-                f"this cluster is already known as {current!r} (ConfigMap {SYSTEM_NAMESPACE}/"
+                f"this cluster is already known as {recorded!r} (ConfigMap {SYSTEM_NAMESPACE}/"
                 f"{CLUSTER_ID_CONFIGMAP}); it cannot also be {requested!r}"
             )
+        return recorded
+    return validate_cluster_id(requested) if requested else derive_cluster_id(fallback)
+
+
+async def ensure_cluster_id(client: KubeClient, *, requested: str | None, fallback: str) -> str:
+    """The cluster's ID (:func:`choose_cluster_id`), recorded now when it had none."""
+    current = await read_cluster_id(client)
+    cluster_id = choose_cluster_id(current, requested, fallback)
+    if current is not None:
         return current
-    cluster_id = validate_cluster_id(requested) if requested else derive_cluster_id(fallback)
     await _wait_not_terminating(client)
     with contextlib.suppress(AlreadyExists):
         await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",

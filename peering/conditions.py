@@ -21,6 +21,11 @@ def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -
     return None
 
 
+def status_condition(obj: Mapping[str, Any], type_: str) -> dict[str, Any]:
+    """The condition ``type_`` of an object's ``status.conditions`` ({} when it has none)."""
+    return find_condition((obj.get("status") or {}).get("conditions"), type_) or {}
+
+
 def set_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str, status: bool, reason: str,
                   message: str, *, generation: int | None = None,
                   now: str | None = None) -> list[dict[str, Any]]:

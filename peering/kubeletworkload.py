@@ -25,6 +25,7 @@ from typing import Any
 from kube.api import SYSTEM_NAMESPACE, VirtualKubeletExit
 from kube.objects import CLUSTERROLEBINDINGS, DEPLOYMENTS, SERVICEACCOUNTS, VIRTUALNODES, RawObject
 
+from .conditions import status_condition
 from .podtrouble import pod_trouble
 
 __all__ = [
@@ -248,13 +249,6 @@ class KubeletState:
     message: str
 
 
-def _condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return {}
-
-
 def _pod_trouble(pod: Mapping[str, Any]) -> KubeletState | None:
     trouble = pod_trouble(pod)
     if trouble is None:
@@ -270,7 +264,7 @@ def kubelet_state(deploy: RawObject | None, pods: Sequence[RawObject]) -> Kubele
     if deploy is None:
         return KubeletState("Pending", False, "KubeletStarting", "creating the virtual kubelet's Deployment")
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    ready = [p for p in live if _condition(p, "Ready").get("status") == "True"]
+    ready = [p for p in live if status_condition(p, "Ready").get("status") == "True"]
     if ready:
         pod = ready[0]
         status = pod.get("status") or {}
@@ -281,10 +275,10 @@ def kubelet_state(deploy: RawObject | None, pods: Sequence[RawObject]) -> Kubele
         trouble = _pod_trouble(pod)
         if trouble is not None:
             return trouble
-    progressing = _condition(deploy, "Progressing")
+    progressing = status_condition(deploy, "Progressing")
     if progressing.get("status") == "False":
         return KubeletState("Pending", False, str(progressing.get("reason")), str(progressing.get("message")))
-    replica_failure = _condition(deploy, "ReplicaFailure")
+    replica_failure = status_condition(deploy, "ReplicaFailure")
     if replica_failure.get("status") == "True":
         return KubeletState("Pending", False, str(replica_failure.get("reason") or "ReplicaFailure"),
                             str(replica_failure.get("message")))  # fmt: skip

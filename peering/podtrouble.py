@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .conditions import status_condition
+
 __all__ = ["PodTrouble", "pod_trouble"]
 
 IMAGE_TROUBLE = frozenset({"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName"})
@@ -25,13 +27,6 @@ class PodTrouble:
     message: str
     exit_code: int | None = None
     """For a container that ended: its last exit code."""
-
-
-def _condition(pod: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return {}
 
 
 def pod_trouble(pod: Mapping[str, Any]) -> PodTrouble | None:
@@ -54,7 +49,7 @@ def pod_trouble(pod: Mapping[str, Any]) -> PodTrouble | None:
             restarts = cs.get("restartCount", 0)
             message = f"pod {name}: container {cs.get('name')} exited {code} ({restarts} restarts): {words}"
             return PodTrouble("Crashed", message.rstrip(": "), code if isinstance(code, int) else None)
-    scheduled = _condition(pod, "PodScheduled")
+    scheduled = status_condition(pod, "PodScheduled")
     if scheduled.get("status") == "False":
         reason = str(scheduled.get("reason") or "Unschedulable")
         return PodTrouble(reason, f"pod {name}: {scheduled.get('message') or 'not scheduled'}")

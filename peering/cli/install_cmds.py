@@ -30,9 +30,11 @@ import yaml
 
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
+from kube.errors import NotFound
+from kube.informers import Informer
 from kube.objects import (
     CLUSTERROLEBINDINGS,
+    CONFIGMAPS,
     CRDS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
@@ -46,10 +48,11 @@ from kube.objects import (
     RawObject,
 )
 
-from ..clusterid import ClusterIDError, derive_cluster_id, read_cluster_id, validate_cluster_id
-from ..crds import load_crds
+from ..clusterid import CLUSTER_ID_CONFIGMAP, ClusterIDError, choose_cluster_id, read_cluster_id
+from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
 from ..podtrouble import IMAGE_TROUBLE, pod_trouble
+from ..waits import wait_gone
 from .common import Progress, UserError, emit, kubeconfig_context_name
 
 __all__ = [
@@ -163,54 +166,82 @@ def _helm(helm: str, kubeconfig: str | None, context: str | None, *args: str, ti
 
 
 async def _cluster_id(client: KubeClient, args: argparse.Namespace) -> str:
-    recorded = await read_cluster_id(client)
+    """As ``peer`` settles it, without recording it: the chart's ConfigMap does."""
+    fallback = kubeconfig_context_name(args.kubeconfig, args.context)
     try:
-        if recorded and args.cluster_id and args.cluster_id != recorded:
-            raise ClusterIDError(
-                f"this cluster is already known as {recorded!r}; it cannot also be {args.cluster_id!r}"
-            )
-        if recorded:
-            return recorded
-        if args.cluster_id:
-            return validate_cluster_id(args.cluster_id)
+        return choose_cluster_id(await read_cluster_id(client), args.cluster_id, fallback)
     except ClusterIDError as exc:
         raise UserError(str(exc)) from None
-    return derive_cluster_id(kubeconfig_context_name(args.kubeconfig, args.context))
 
 
 async def _wait_ready(
     client: KubeClient, namespace: str, timeout: float, progress: Progress
 ) -> list[dict[str, Any]]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    """Until every gpuferry Deployment is rolled out (see :func:`installation_state`), watching
+    them and their pods; UserError at the first pod that cannot start, or after ``timeout``."""
+    ours = "app.kubernetes.io/name=gpuferry"
+    deployments = Informer(client, DEPLOYMENTS, namespace=namespace, label_selector=ours)
+    pods = Informer(client, PODS, namespace=namespace, label_selector=ours)
+    changed = asyncio.Event()
+    for informer in (deployments, pods):
+        informer.add_handler(lambda _change: changed.set())
+    tasks = [asyncio.create_task(i.run(), name=f"install-wait {i.name}") for i in (deployments, pods)]
     said: set[str] = set()
-    while True:
-        deployments = await client.list(
-            DEPLOYMENTS, namespace, label_selector="app.kubernetes.io/name=gpuferry"
-        )
-        pods = (await client.list(PODS, namespace, label_selector="app.kubernetes.io/name=gpuferry"))["items"]
-        available, waiting, trouble = installation_state(deployments["items"], pods)
-        for name in available:
-            if name not in said:
-                progress.step(f"Deployment {name} available")
-                said.add(name)
-        if trouble:
-            raise UserError(f"gpuferry cannot start: {trouble}")
-        if deployments["items"] and not waiting:
-            return [
-                {
-                    "name": d["metadata"]["name"],
-                    "ready": (d.get("status") or {}).get("readyReplicas") or 0,
-                    "replicas": (d.get("spec") or {}).get("replicas", 1),
-                }
-                for d in deployments["items"]
-            ]
-        if loop.time() > deadline:
-            raise UserError(
-                f"not available after {timeout:.0f}s: {', '.join(waiting) or 'no Deployment yet'} "
-                f"(kubectl -n {namespace} describe pods)"
-            )
-        await asyncio.sleep(1.0)
+    waiting: list[str] = []
+
+    async def settle() -> list[dict[str, Any]]:
+        nonlocal waiting
+        await asyncio.gather(deployments.synced.wait(), pods.synced.wait())
+        while True:
+            available, waiting, trouble = installation_state(deployments.values(), pods.values())
+            for name in available:
+                if name not in said:
+                    progress.step(f"Deployment {name} available")
+                    said.add(name)
+            if trouble:
+                raise UserError(f"gpuferry cannot start: {trouble}")
+            if len(deployments) and not waiting:
+                return [
+                    {
+                        "name": d["metadata"]["name"],
+                        "ready": (d.get("status") or {}).get("readyReplicas") or 0,
+                        "replicas": (d.get("spec") or {}).get("replicas", 1),
+                    }
+                    for d in deployments.values()
+                ]
+            changed.clear()
+            await changed.wait()
+
+    try:
+        return await asyncio.wait_for(settle(), timeout)
+    except TimeoutError:
+        raise UserError(
+            f"not available after {timeout:.0f}s: {', '.join(waiting) or 'no Deployment yet'} "
+            f"(kubectl -n {namespace} describe pods)"
+        ) from None
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _adopt_cluster_id(client: KubeClient, namespace: str, progress: Progress) -> None:
+    """A cluster peered before it was installed has the cluster-ID ConfigMap that ``peer`` made,
+    which the chart makes too: helm refuses to take over an object of no release. It is given
+    to the release (helm's ownership label and annotations), keeping its data."""
+    try:
+        cm = await client.get(CONFIGMAPS, CLUSTER_ID_CONFIGMAP, namespace)
+    except NotFound:
+        return
+    if (cm["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name") == RELEASE:
+        return
+    ownership = {
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": namespace},
+    }
+    await client.patch(CONFIGMAPS, CLUSTER_ID_CONFIGMAP, {"metadata": ownership}, namespace)
+    where = f"{namespace}/{CLUSTER_ID_CONFIGMAP}"
+    progress.step(f"ConfigMap {where}, made by an earlier peer, given to the release")
 
 
 async def cmd_install(args: argparse.Namespace) -> int:
@@ -224,6 +255,11 @@ async def cmd_install(args: argparse.Namespace) -> int:
         version = (await client.server_version()).get("gitVersion")
         progress.step(f"cluster {client.base_url} (Kubernetes {version})")
         cluster_id = await _cluster_id(client, args)
+        # helm installs crds/ only on a first install and never upgrades them: applied here,
+        # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
+        crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0))
+        progress.step(f"{len(crds)} CRDs applied and Established")
+        await _adopt_cluster_id(client, args.namespace, progress)
         values = helm_values(
             cluster_id=cluster_id,
             roles=roles,
@@ -286,8 +322,8 @@ async def _peerings(client: KubeClient, namespace: str) -> list[str]:
     for resource, ns in ((FOREIGNCLUSTERS, None), (TENANTS, None)):
         try:
             items = (await client.list(resource, ns))["items"]
-        except (NotFound, KubeError):
-            continue  # no CRD: no peering of that kind
+        except NotFound:
+            continue  # no CRD: no peering of that kind (a 403 is an error, not "none")
         found += [f"{resource.kind} {i['metadata']['name']}" for i in items]
     return found
 
@@ -335,7 +371,7 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
                 progress.step(f"{len(ours)} {resource.kind} of the offloading removed")
         try:
             await client.delete(NAMESPACES, args.namespace)
-            await _wait_gone(client, NAMESPACES, args.namespace, None, args.timeout)
+            await wait_gone(client, NAMESPACES, args.namespace, None, args.timeout)
             progress.step(f"namespace {args.namespace} deleted")
         except NotFound:
             pass
@@ -346,7 +382,7 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
                     await client.delete(CRDS, name)
                 except NotFound:
                     continue
-                await _wait_gone(client, CRDS, name, None, args.timeout)
+                await wait_gone(client, CRDS, name, None, args.timeout)
             progress.step("CRDs deleted")
     print(f"gpuferry uninstalled{' with its CRDs' if args.crds else ''}")
     return 0
@@ -357,8 +393,8 @@ async def _drop_finalizers(client: KubeClient, namespace: str) -> None:
     finalizers it held, its virtual kubelets' bindings and their Nodes)."""
     try:
         vns = (await client.list(VIRTUALNODES, namespace))["items"]
-    except (NotFound, KubeError):
-        vns = []
+    except NotFound:
+        vns = []  # no CRD
     for vn in vns:
         kept = [f for f in vn["metadata"].get("finalizers") or [] if not f.startswith("gpuferry.io/")]
         if kept != (vn["metadata"].get("finalizers") or []):
@@ -373,21 +409,6 @@ async def _drop_finalizers(client: KubeClient, namespace: str) -> None:
     for crb in (await client.list(CLUSTERROLEBINDINGS, label_selector=ours))["items"]:
         with contextlib.suppress(NotFound):
             await client.delete(CLUSTERROLEBINDINGS, crb["metadata"]["name"])
-
-
-async def _wait_gone(
-    client: KubeClient, resource: Any, name: str, namespace: str | None, timeout: float
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            await client.get(resource, name, namespace)
-        except NotFound:
-            return
-        if loop.time() > deadline:
-            raise UserError(f"{resource.kind} {name} still there after {timeout:.0f}s")
-        await asyncio.sleep(0.5)
 
 
 def add_install_arguments(parser: argparse.ArgumentParser) -> None:

@@ -275,10 +275,11 @@ def choose_agents(requested: str, installed: dict[str, bool]) -> str:
 
 async def resolve_agents(
     args: argparse.Namespace, consumer: KubeClient, provider: KubeClient, progress: Progress
-) -> None:
-    """Turn ``--agents auto`` into local or none, saying which and why."""
+) -> bool:
+    """Turn ``--agents auto`` into local or none, saying which and why; True when that is
+    because both clusters run the chart's controllers."""
     if args.agents != "auto":
-        return
+        return False
     installed: dict[str, bool] = {}
     for side, client in (("consumer", consumer), ("provider", provider)):
         try:
@@ -289,9 +290,10 @@ async def resolve_agents(
     args.agents = choose_agents("auto", installed)
     if args.agents == "none":
         progress.step("controllers: installed in both clusters (gpuferry install): none started here")
-    else:
-        progress.step("controllers: none installed in the clusters: started here as local processes "
-                      "(development mode; gpuferry install runs them in the clusters)")  # fmt: skip
+        return True
+    progress.step("controllers: none installed in the clusters: started here as local processes "
+                  "(development mode; gpuferry install runs them in the clusters)")  # fmt: skip
+    return False
 
 
 def parse_tolerations(values: list[str] | None) -> list[dict[str, str]]:
@@ -328,7 +330,12 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     ):
         if consumer.base_url == provider.base_url:
             raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
-        await resolve_agents(args, consumer, provider, progress)
+        installed = await resolve_agents(args, consumer, provider, progress)
+        if installed and not args.no_network:  # nothing would ever bring the tunnel up
+            raise UserError(
+                "gpuferry installed by its chart runs no gateways yet: peer with --no-network "
+                "(or with --agents none and gateways you run yourself)"
+            )
         if not args.no_network:  # a missing or wrong declaration stops us before any change
             await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):

@@ -155,6 +155,7 @@ def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) ->
         assert done["clusterID"] == cid and done["roles"] == [role]
         assert {(c["name"], c["ready"]) for c in done["components"]} == {(f"gpuferry-{role}", 2)}
         assert f"Deployment gpuferry-{role} available" in proc.stderr  # progress, on stderr
+        assert "6 CRDs applied and Established" in proc.stderr  # helm would not upgrade them
     try:
         yield
     finally:
@@ -186,6 +187,10 @@ async def test_installed_controllers_peer_and_offload_as_pods(
     # the CLI starts nothing: it writes objects; the controllers in the clusters peer
     cli = Cli(consumer, provider, tmp_path / "cache")
     server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
+    # without --no-network: refused at once, before any change (the chart has no gateways yet)
+    code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "2")
+    assert code == 1 and "runs no gateways yet: peer with --no-network" in err, err
+    assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
     # (no --agents: both clusters run the installed controllers, so peer starts none here)
     out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
                        "--no-network", "--remote-server", server, "--gpus", "2", "--selector", H100,
@@ -349,9 +354,18 @@ async def test_uninstall_leaves_nothing_but_the_crds(
     consumer: LocalCluster, provider: LocalCluster, tmp_path: Path
 ) -> None:
     for cluster, role in ((provider, "provider"), (consumer, "consumer")):
-        proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", f"un-{role}",
-                        "-f", str(local_values(cluster, tmp_path)), "-q")  # fmt: skip
+        # peered once before it was installed: the cluster ID that peer recorded is there already,
+        # and install takes it over (helm alone refuses an object of no release)
+        cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+        cluster.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                        f"--from-literal=clusterID=un-{role}")  # fmt: skip
+        proc = gpuferry(cluster, tmp_path, "install", "--role", role,
+                        "-f", str(local_values(cluster, tmp_path)))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
+        assert "made by an earlier peer, given to the release" in proc.stderr
+        recorded = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap", "gpuferry-cluster-id",
+                                   "-o", "jsonpath={.data.clusterID}")  # fmt: skip
+        assert recorded == f"un-{role}"
         assert gpuferry_objects(cluster)
         proc = gpuferry(cluster, tmp_path, "uninstall")
         assert proc.returncode == 0, proc.stderr

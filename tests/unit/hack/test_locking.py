@@ -25,8 +25,9 @@ def test_a_second_holder_waits_then_gives_up_naming_the_first(tmp_path: Path) ->
 
 
 def test_profiles_do_not_share_a_lock(tmp_path: Path) -> None:
-    with ProfileLock("test", run_root=tmp_path), ProfileLock("demo", run_root=tmp_path, timeout=0.1):
-        pass
+    demo = ProfileLock("demo", run_root=tmp_path, timeout=0.1)  # times out if it were the same lock
+    with ProfileLock("test", run_root=tmp_path) as test, demo:
+        assert test.holder().startswith("pid ") and demo.holder().startswith("pid ")
 
 
 def test_a_killed_holder_leaves_the_next_one_told(tmp_path: Path) -> None:
