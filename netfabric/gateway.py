@@ -30,7 +30,7 @@ from netfabric.keys import public_key
 from netfabric.model import ClusterNetwork, NetworkConfigError, PeerNetwork, Remap, SourceNatMode
 from netfabric.nat import DEFAULT_FWMARK, DEFAULT_FWMARK_MASK, render_nat_table, table_name_for
 from netfabric.nft import apply_script, delete_table, list_tables
-from netfabric.nsexec import write_sysctl
+from netfabric.nsexec import ensure_sysctls
 from netfabric.peerspec import EndpointError, PeerSpec
 from netfabric.planning import Route, tunnel_routes
 from netfabric.routes import (
@@ -64,6 +64,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: What a gateway's network namespace needs: forwarding, and no reverse-path filter (sources
+#: from the tunnel may overlap local pods). The chart's gateway.sysctls sets the same.
+GATEWAY_SYSCTLS = {"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0"}
 
 
 @dataclass(frozen=True)
@@ -213,10 +217,12 @@ async def gateway_up(plan: GatewayPlan, *, settings: GatewaySettings) -> Backend
     netns = settings.netns
     try:
         backend = await _backend(settings)
-        await write_sysctl({"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0"}, netns=netns)
+        # only what differs is written: in a gateway pod /proc/sys is read-only and the pod's
+        # securityContext.sysctls set them (conf.default too, so that the tunnel inherits it)
+        await ensure_sysctls(GATEWAY_SYSCTLS, netns=netns)
         await backend.ensure(settings.iface, plan.device, mtu=plan.mtu)
         # Sources from the tunnel may overlap local pods: no reverse-path filter on it.
-        await write_sysctl({f"net.ipv4.conf.{settings.iface}.rp_filter": "0"}, netns=netns)
+        await ensure_sysctls({f"net.ipv4.conf.{settings.iface}.rp_filter": "0"}, netns=netns)
         await sync_routes(plan.routes, table=settings.route_table, netns=netns)
         await ensure_rule(settings.rule, netns=netns)
         await apply_script(plan.nft_script, netns=netns)

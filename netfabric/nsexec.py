@@ -9,13 +9,24 @@ what a gateway or agent pod uses.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["CommandError", "netns_inode", "ns_argv", "run", "write_sysctl"]
+__all__ = [
+    "CommandError",
+    "SysctlReadOnly",
+    "ensure_sysctls",
+    "netns_inode",
+    "ns_argv",
+    "read_sysctl",
+    "run",
+    "write_sysctl",
+]
 
 NETNS_DIR = Path("/run/netns")
+PROC_SYS = Path("/proc/sys")
 
 
 class CommandError(RuntimeError):
@@ -72,3 +83,50 @@ async def write_sysctl(values: Mapping[str, str], *, netns: str | None = None) -
     if not values:
         return
     await run(["sysctl", "-q", "-w", *(f"{key}={value}" for key, value in values.items())], netns=netns)
+
+
+class SysctlReadOnly(RuntimeError):
+    """A sysctl must change and ``/proc/sys`` is read-only here (a container): the pod's
+    ``securityContext.sysctls`` must set it."""
+
+    def __init__(self, wrong: Mapping[str, str], wanted: Mapping[str, str]) -> None:
+        listed = ", ".join(f"{key} is {wrong[key]}, needs {wanted[key]}" for key in wrong)
+        super().__init__(
+            f"{listed}; /proc/sys is read-only in this container: set them in the pod's "
+            "securityContext.sysctls (the chart's gateway.sysctls), which the kubelet must allow "
+            "(--allowed-unsafe-sysctls 'net.ipv4.ip_forward,net.ipv4.conf.*')"
+        )
+        self.wrong = dict(wrong)
+
+
+def _sysctl_path(key: str) -> Path:
+    return PROC_SYS.joinpath(*key.split("."))
+
+
+async def read_sysctl(key: str, *, netns: str | None = None) -> str:
+    """The value of a ``net.*`` sysctl of a namespace (stripped)."""
+    if netns is None:
+        return _sysctl_path(key).read_text().strip()
+    return (await run(["sysctl", "-n", key], netns=netns)).strip()
+
+
+async def ensure_sysctls(values: Mapping[str, str], *, netns: str | None = None) -> dict[str, str]:
+    """Set those of ``values`` that differ; returns what it changed (key: old value).
+
+    In a container ``/proc/sys`` is mounted read-only: a value that is already right is left
+    alone (the pod's ``securityContext.sysctls`` set it), one that is wrong raises
+    `SysctlReadOnly` naming what to set."""
+    wrong = {key: value for key in values if (value := await read_sysctl(key, netns=netns)) != values[key]}
+    if not wrong:
+        return {}
+    if netns is None:
+        try:
+            for key in wrong:
+                _sysctl_path(key).write_text(values[key])
+        except OSError as exc:
+            if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise SysctlReadOnly(wrong, values) from None
+            raise
+    else:
+        await write_sysctl({key: values[key] for key in wrong}, netns=netns)
+    return wrong
