@@ -2,6 +2,8 @@
 
     python -m netfabric gateways [--gateway-ip $POD_IP] [--netns NAME]   # every PeerNetwork's gateway
     python -m netfabric agent --next-hop 10.244.2.5 [--dev veth123] [--namespace NS]
+    python -m netfabric agent --gateway-selector app.kubernetes.io/component=gateway \
+        --gateway-namespace gpuferry-system --node-name $NODE_NAME       # the chart's DaemonSet
     python -m netfabric down --peer-network NS/NAME --iface gf... --fwmark ... --route-table ...
 
 The gateways read the cluster's network (pod and service CIDRs, where they run and listen, the
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -34,29 +37,39 @@ from kube.logs import setup_logging
 from kube.manager import Manager
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import ClientSettings, LoggingSettings
-from netfabric.agent import AgentSettings
-from netfabric.app import run_agent
 from netfabric.gateway import GatewaySettings, gateway_down, leftovers
 from netfabric.gateways import Gateways, GatewaysSettings, LeftBehind
 from netfabric.ipam import DEFAULT_POOL
 from netfabric.model import NetworkConfigError
 from netfabric.nat import DEFAULT_FWMARK, table_name_for
+from netfabric.nsexec import SysctlReadOnly
+from netfabric.routeagent import GatewayPods, RouteAgent, RouteAgentSettings
 from netfabric.wireguard import BackendKind
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m netfabric", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m netfabric", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--kubeconfig", type=Path, help="kubeconfig (default: $KUBECONFIG or in-cluster)")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("gateways", help="one WireGuard gateway per PeerNetwork of this cluster")
-    g.add_argument("--gateway-ip", type=IPv4Address,
-                   help="the gateways' pod IP, the SNAT source (default: the declaration's gatewayIP)")
+    g.add_argument(
+        "--gateway-ip",
+        type=IPv4Address,
+        help="the gateways' pod IP, the SNAT source (default: the declaration's gatewayIP)",
+    )
     g.add_argument("--netns", help="network namespace to work in (default: the declaration's gatewayNetns, "
                                    "else this process's own, as in a gateway pod)")  # fmt: skip
+    g.add_argument("--own-netns", action="store_true",
+                   help="this process's own network namespace, whatever the declaration says "
+                        "(a gateway pod)")  # fmt: skip
     g.add_argument("--namespace", help="only PeerNetworks of this namespace (default: all)")
-    g.add_argument("--peer-network", metavar="NAMESPACE/NAME",
-                   help="only the gateway of this PeerNetwork (one process per peer)")
+    g.add_argument(
+        "--peer-network",
+        metavar="NAMESPACE/NAME",
+        help="only the gateway of this PeerNetwork (one process per peer)",
+    )
     g.add_argument("--pool", type=IPv4Network, default=DEFAULT_POOL, help="remap pool")
     g.add_argument("--backend", choices=[k.value for k in BackendKind], help="default: detect")
     g.add_argument("--status-interval", type=float, default=10.0)
@@ -64,17 +77,37 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser(
         "down", help="remove a gateway's interface, rule, routes and nft table; exit 1 if any is left"
     )
-    d.add_argument("--peer-network", required=True, metavar="NAMESPACE/NAME",
-                   help="its PeerNetwork (NAME is the peer's cluster ID)")
+    d.add_argument(
+        "--peer-network",
+        required=True,
+        metavar="NAMESPACE/NAME",
+        help="its PeerNetwork (NAME is the peer's cluster ID)",
+    )
     d.add_argument("--iface", required=True)
     d.add_argument("--netns")
     d.add_argument("--fwmark", type=lambda v: int(v, 0), default=DEFAULT_FWMARK)
     d.add_argument("--route-table", type=int, default=4700)
     a = sub.add_parser("agent", help="route peers' remapped CIDRs to the gateway on this node")
-    a.add_argument("--next-hop", type=IPv4Address, required=True,
-                   help="the gateway's pod IP (its node) or its node's IP (other nodes)")
+    hop = a.add_mutually_exclusive_group(required=True)
+    hop.add_argument(
+        "--next-hop",
+        type=IPv4Address,
+        help="a fixed next hop: the gateway's pod IP (its node) or its node's IP (other nodes)",
+    )
+    hop.add_argument(
+        "--gateway-selector",
+        metavar="LABELS",
+        help="follow the gateway pod with these labels: its IP on its node, its node's IP elsewhere",
+    )
+    a.add_argument("--gateway-namespace", default="gpuferry-system", help="the gateway pod's namespace")
+    a.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node (default: $NODE_NAME), to know whether the gateway pod runs here",
+    )
     a.add_argument("--dev", help="interface towards the next hop")
     a.add_argument("--namespace", help="only PeerNetworks of this namespace")
+    add_runtime_arguments(a)
     return p
 
 
@@ -105,6 +138,8 @@ async def _main(args: argparse.Namespace) -> None:
     async with KubeClient.from_config(args.kubeconfig, settings=ClientSettings.from_env()) as client:
         if args.command == "gateways":
             declaration = await _declaration(client)
+            if args.own_netns:  # where gateway processes on a machine run is not this pod's business
+                declaration = dataclasses.replace(declaration, gateway_netns=None, gateway_ip=None)
             netns = args.netns or declaration.gateway_netns
             if netns and not os.path.exists(os.path.join("/run/netns", netns)):  # noqa: ASYNC240 (one stat at start)
                 # pyroute2 would make it: gateways in an empty namespace of their own, reaching nothing
@@ -122,8 +157,20 @@ async def _main(args: argparse.Namespace) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await manager.run()
         else:
-            await run_agent(client, settings=AgentSettings(next_hop=args.next_hop, dev=args.dev),
-                            namespace=args.namespace)
+            if args.gateway_selector and not args.node_name:
+                raise NetworkConfigError("--gateway-selector needs --node-name (or $NODE_NAME)", "node-name")
+            selector = args.gateway_selector
+            pods = GatewayPods(args.gateway_namespace, selector) if selector else None
+            agent = RouteAgent(client, RouteAgentSettings(
+                node_name=args.node_name, next_hop=args.next_hop, dev=args.dev, namespace=args.namespace,
+                gateway=pods,
+            ))  # fmt: skip
+            manager = Manager("route-agent", probes_settings=probe_settings(args))
+            for informer in agent.informers:
+                manager.add_informer(informer)
+            manager.add_task("routes", agent.serve)
+            with contextlib.suppress(asyncio.CancelledError):
+                await manager.run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             return asyncio.run(_down(args))
         asyncio.run(_main(args))
-    except (NetworkConfigError, DeclarationError, KubeError, LeftBehind) as e:
+    except (NetworkConfigError, DeclarationError, KubeError, LeftBehind, SysctlReadOnly) as e:
         logging.getLogger("netfabric").error("%s", e)
         return 1
     except KeyboardInterrupt:

@@ -28,11 +28,15 @@ class AgentSettings:
     """Interface towards ``next_hop`` (the gateway pod's veth on its node); None lets the kernel pick."""
     netns: str | None = None
     table: int = MAIN_TABLE
+    onlink: bool = False
+    """``next_hop`` is on ``dev``'s link (the gateway pod on this node: see `Route.onlink`)."""
 
 
 async def sync_node(remaps: Sequence[Remap], *, settings: AgentSettings) -> list[Op]:
     """Make this node's routes to every peer view exactly ``remaps``; returns the ops applied."""
-    desired = node_routes(remaps, gateway_ip=settings.next_hop, dev=settings.dev, table=settings.table)
+    desired = node_routes(
+        remaps, gateway_ip=settings.next_hop, dev=settings.dev, table=settings.table, onlink=settings.onlink
+    )
     return await sync_routes(desired, table=settings.table, netns=settings.netns)
 
 

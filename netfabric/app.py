@@ -6,8 +6,8 @@
   the tunnel when the PeerNetwork is deleted. Its private key lives in a Secret
   (`netfabric.objects.ensure_private_key`); its public key is logged and annotated on the
   PeerNetwork (``net.gpuferry.io/local-public-key``) for the peering to hand to the peer.
-- ``run_agent``: watches the PeerNetworks and routes every remapped CIDR in their status to the
-  gateway (`netfabric.agent.sync_node`); routes of deleted peers go.
+- the route agent (`netfabric.routeagent`) routes every remapped CIDR of their status to the
+  gateway; ``remaps_from_status`` reads them.
 
 Both are restart-safe: the tunnel and routes outlive the process, and a new process converges
 from the objects. `GatewayRunner` is the part with the logic; the ``run_*`` functions wire it to
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from ipaddress import IPv4Network
@@ -32,7 +32,6 @@ from kube.logs import object_logger
 from kube.objects import ObjectKey, RawObject
 from kube.tasks import run_supervised
 from kube.watching import WatchEvent, watch_objects
-from netfabric.agent import AgentSettings, sync_node
 from netfabric.conditions import NETWORK_READY, Reason
 from netfabric.gateway import GatewayPlan, GatewaySettings, gateway_down
 from netfabric.keys import public_key
@@ -49,7 +48,7 @@ from netfabric.objects import (
 from netfabric.reconciling import reconcile_peer, refresh_status
 from netfabric.wireguard import Backend
 
-__all__ = ["PUBLIC_KEY_ANNOTATION", "GatewayRunner", "remaps_from_status", "run_agent", "run_gateway"]
+__all__ = ["PUBLIC_KEY_ANNOTATION", "GatewayRunner", "remaps_from_status", "run_gateway"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +102,9 @@ class GatewayRunner:
         """The status to write for the object as it is now (reconciles when its spec changed)."""
         generation = (obj.get("metadata") or {}).get("generation")
         if self.plan is None or generation != self.applied_generation:
-            result = await reconcile_peer(obj, local=self.local, private_key=self.private_key,
-                                          settings=self.settings)
+            result = await reconcile_peer(
+                obj, local=self.local, private_key=self.private_key, settings=self.settings
+            )
             self.applied_generation = generation
             if result.plan is not None:
                 self.plan, self.up_since, self.backend = result.plan, datetime.now(UTC), result.backend
@@ -174,8 +174,9 @@ async def run_gateway(
     log = object_logger(logger, "PeerNetwork", key)
     private_key = await ensure_private_key(client, namespace=key.namespace, name=key_secret)
     own_key = public_key(private_key)
-    await publish_public_key(client, namespace=key.namespace, name=key_secret, key=own_key,
-                             annotation=PUBLIC_KEY_ANNOTATION)
+    await publish_public_key(
+        client, namespace=key.namespace, name=key_secret, key=own_key, annotation=PUBLIC_KEY_ANNOTATION
+    )
     log.info("gateway public key %s", own_key)
     runner = GatewayRunner(local=local, settings=settings, private_key=private_key)
     latest: dict[str, RawObject | None] = {}
@@ -213,8 +214,13 @@ async def run_gateway(
                 runner.private_key, runner.plan, own_key = current, None, public_key(current)
                 log.info("key rotated: new public key %s", own_key)
                 try:  # (the PeerNetwork's annotation, below, is what reaches the peer)
-                    await publish_public_key(client, namespace=namespace, name=key_secret, key=own_key,
-                                             annotation=PUBLIC_KEY_ANNOTATION)
+                    await publish_public_key(
+                        client,
+                        namespace=namespace,
+                        name=key_secret,
+                        key=own_key,
+                        annotation=PUBLIC_KEY_ANNOTATION,
+                    )
                 except KubeError as e:
                     log.warning("annotating the key Secret %s failed: %s", key_secret, e)
             status = {**await runner.on_object(obj), **_placement_status(settings)}
@@ -237,28 +243,3 @@ async def run_gateway(
         {"watch": _watch_latest(client, key, latest, changed), "reconcile": reconcile_loop()},
         logger=logger,
     )
-
-
-async def run_agent(client: KubeClient, *, settings: AgentSettings, namespace: str | None = None) -> None:
-    """Route every peer's remapped CIDRs (from PeerNetwork status) to the gateway, forever."""
-    known: dict[ObjectKey, list[Remap]] = {}
-    applied: Sequence[Remap] | None = None
-    async for event in watch_objects(client, PEERNETWORKS, namespace=namespace):
-        if isinstance(event, WatchEvent):
-            if event.type == "DELETED":
-                known.pop(event.key, None)
-            else:
-                known[event.key] = remaps_from_status(event.object)
-        else:
-            for gone in set(known) - set(event.keys):
-                known.pop(gone)
-        wanted = sorted({r for remaps in known.values() for r in remaps}, key=lambda r: str(r.local_view))
-        if wanted != applied:
-            try:
-                ops = await sync_node(wanted, settings=settings)
-            except Exception:  # retried on the next event (watches resync at least every few minutes)
-                logger.exception("routing %d peer CIDR(s) failed", len(wanted))
-                applied = None
-                continue
-            logger.info("node routes: %s", ", ".join(map(str, ops)) or "unchanged")
-            applied = wanted

@@ -44,8 +44,13 @@ class Route:
     table: int = MAIN_TABLE
     metric: int = 0
     protocol: int = RTPROT_GPUFERRY
+    onlink: bool = False
+    """The gateway is on ``dev``'s link whatever routes say: a pod behind a ``scope host`` /32
+    route (the ptp CNI's) is otherwise ignored as a next hop (the kernel treats it as local)."""
 
     def __post_init__(self) -> None:
+        if self.onlink and (self.gateway is None or self.dev is None):
+            raise NetworkConfigError(f"route to {self.dest}: onlink needs a gateway and a device", "onlink")
         if not isinstance(self.dest, IPv4Network):
             raise NetworkConfigError(f"expected an IPv4Network, got {self.dest!r}", "dest")
         if self.gateway is None and self.dev is None:
@@ -126,10 +131,18 @@ def diff(desired: Iterable[Route], observed: Iterable[Route], *, protocol: int =
 
 
 def node_routes(
-    remaps: Sequence[Remap], *, gateway_ip: IPv4Address, dev: str | None = None, table: int = MAIN_TABLE
+    remaps: Sequence[Remap],
+    *,
+    gateway_ip: IPv4Address,
+    dev: str | None = None,
+    table: int = MAIN_TABLE,
+    onlink: bool = False,
 ) -> list[Route]:
     """What a node agent wants: every peer CIDR's local view via the local gateway's pod IP."""
-    return [Route(dest=remap.local_view, gateway=gateway_ip, dev=dev, table=table) for remap in remaps]
+    return [
+        Route(dest=remap.local_view, gateway=gateway_ip, dev=dev, table=table, onlink=onlink)
+        for remap in remaps
+    ]
 
 
 def tunnel_routes(remaps: Sequence[Remap], *, tunnel_iface: str, table: int) -> list[Route]:

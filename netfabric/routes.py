@@ -53,6 +53,24 @@ class PolicyRule:
     priority: int
 
 
+RTNH_F_ONLINK = 4
+
+
+async def device_towards(address: IPv4Address, *, netns: str | None = None) -> str | None:
+    """The interface the main table sends ``address`` out of (``ip route get``); None if none."""
+    async with _open(netns) as ipr:
+        try:
+            replies = list(await ipr.route("get", dst=str(address)))  # a list, not an iterator
+        except NetlinkError:
+            return None
+        names = await _names(ipr)
+        for message in replies:
+            oif = message.get("oif")
+            if oif is not None:
+                return names.get(int(oif))
+    return None
+
+
 def _open(netns: str | None) -> AsyncIPRoute:
     return AsyncIPRoute(netns=netns) if netns else AsyncIPRoute()
 
@@ -118,6 +136,7 @@ def _route_from(message: Any, index_names: dict[int, str]) -> Route | None:
         table=int(message.get("table") or message["table"]),
         metric=int(message.get("priority") or 0),
         protocol=int(message["proto"]),
+        onlink=bool(gateway and oif is not None and int(message.get("flags") or 0) & RTNH_F_ONLINK),
     )
 
 
@@ -154,6 +173,8 @@ def _route_args(route: Route, names: dict[str, int]) -> dict[str, Any]:
         if route.dev not in names:
             raise NetlinkStateError(f"route to {route.dest}: no interface {route.dev!r}")
         args["oif"] = names[route.dev]
+    if route.onlink:
+        args["flags"] = RTNH_F_ONLINK
     return args
 
 
@@ -163,6 +184,7 @@ def _same(route: Route, seen: Route) -> bool:
         and route.gateway == seen.gateway
         and (route.dev is None or route.dev == seen.dev)
         and route.protocol == seen.protocol
+        and route.onlink == seen.onlink
     )
 
 
