@@ -16,6 +16,7 @@ __all__ = [
     "CONFIGMAPS",
     "CRDS",
     "CSRS",
+    "DAEMONSETS",
     "DEPLOYMENTS",
     "ENDPOINTSLICES",
     "EVENTS",
@@ -37,6 +38,7 @@ __all__ = [
     "SECRETS",
     "SELFSUBJECTREVIEWS",
     "SERVICEACCOUNTS",
+    "SERVICECIDRS",
     "SERVICES",
     "TENANTS",
     "VIRTUALNODES",
@@ -143,6 +145,8 @@ CRDS = Resource(
 )
 
 DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
+DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", namespaced=True)
+SERVICECIDRS = Resource("networking.k8s.io", "v1", "servicecidrs", "ServiceCIDR", namespaced=False)
 LIMITRANGES = Resource("", "v1", "limitranges", "LimitRange", namespaced=True)
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
@@ -179,7 +183,6 @@ NAMESPACEOFFLOADINGS = Resource(
     "offloading.gpuferry.io", "v1alpha1", "namespaceoffloadings", "NamespaceOffloading", namespaced=True
 )
 PEERNETWORKS = Resource("net.gpuferry.io", "v1alpha1", "peernetworks", "PeerNetwork", namespaced=True)
-
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:

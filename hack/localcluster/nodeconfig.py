@@ -226,6 +226,9 @@ def kubelet_config(
         "serializeImagePulls": False,
         "registerWithTaints": [{"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}],
         "shutdownGracePeriod": "0s",
+        # gpuferry's gateway pod sets forwarding and the reverse-path filter in its own network
+        # namespace (the chart's networking.gateway.sysctls), as a production node must allow
+        "allowedUnsafeSysctls": ["net.ipv4.ip_forward", "net.ipv4.conf.*"],
     }
 
 

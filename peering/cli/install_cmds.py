@@ -22,7 +22,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from ipaddress import IPv4Network, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,14 @@ import yaml
 
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
+from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.errors import NotFound
 from kube.informers import Informer
 from kube.objects import (
     CLUSTERROLEBINDINGS,
     CONFIGMAPS,
     CRDS,
+    DAEMONSETS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
     MUTATINGADMISSIONPOLICIES,
@@ -43,11 +46,13 @@ from kube.objects import (
     NAMESPACES,
     NODES,
     PODS,
+    SERVICECIDRS,
     TENANTS,
     VIRTUALNODES,
     RawObject,
 )
 
+from .. import netdiscovery
 from ..clusterid import CLUSTER_ID_CONFIGMAP, ClusterIDError, choose_cluster_id, read_cluster_id
 from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
@@ -97,11 +102,19 @@ def find_helm(flag: str | None) -> str:
 
 
 def helm_values(
-    *, cluster_id: str, roles: Sequence[str], replicas: int | None, image: str | None, pull_policy: str | None
+    *,
+    cluster_id: str,
+    roles: Sequence[str],
+    replicas: int | None,
+    image: str | None,
+    pull_policy: str | None,
+    networking: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The values ``install``'s flags set: they win over the user's ``-f`` files, ``--set``
     wins over them. Pure."""
     values: dict[str, Any] = {"clusterID": cluster_id}
+    if networking:
+        values["networking"] = dict(networking)
     for role in ROLES:
         values[role] = {"enabled": role in roles}
         if replicas is not None and role in roles:
@@ -121,23 +134,34 @@ def helm_values(
     return values
 
 
+def _rolled_out(workload: RawObject) -> bool:
+    """kubectl rollout status's test: the current generation observed, every replica (or every
+    node's pod, for a DaemonSet) updated and available."""
+    status = workload.get("status") or {}
+    if status.get("observedGeneration") != workload["metadata"].get("generation"):
+        return False
+    if "desiredNumberScheduled" in status:  # a DaemonSet
+        want = status.get("desiredNumberScheduled") or 0
+        updated, ready = status.get("updatedNumberScheduled") or 0, status.get("numberAvailable") or 0
+        return bool(updated >= want and ready >= want)
+    want = (workload.get("spec") or {}).get("replicas", 1)
+    updated = status.get("updatedReplicas") or 0
+    return bool(
+        updated >= want
+        and (status.get("replicas") or 0) <= updated
+        and (status.get("availableReplicas") or 0) >= updated
+    )
+
+
 def installation_state(
-    deployments: Sequence[RawObject], pods: Sequence[RawObject]
+    workloads: Sequence[RawObject], pods: Sequence[RawObject]
 ) -> tuple[list[str], list[str], str | None]:
-    """(available, not yet, the first pod trouble that will not fix itself or None). Pure."""
+    """(rolled out, not yet, the first pod trouble that will not fix itself or None), for the
+    Deployments and DaemonSets given. Pure."""
     available: list[str] = []
     waiting: list[str] = []
-    for d in deployments:  # kubectl rollout status's test: every replica updated and available
-        status = d.get("status") or {}
-        want = (d.get("spec") or {}).get("replicas", 1)
-        updated = status.get("updatedReplicas") or 0
-        done = (
-            status.get("observedGeneration") == d["metadata"].get("generation")
-            and updated >= want
-            and (status.get("replicas") or 0) <= updated
-            and (status.get("availableReplicas") or 0) >= updated
-        )
-        (available if done else waiting).append(d["metadata"]["name"])
+    for workload in workloads:
+        (available if _rolled_out(workload) else waiting).append(workload["metadata"]["name"])
     for pod in pods:
         if pod["metadata"].get("deletionTimestamp"):
             continue
@@ -145,6 +169,13 @@ def installation_state(
         if trouble is not None and (trouble.reason in IMAGE_TROUBLE or trouble.reason == "Crashed"):
             return available, waiting, trouble.message
     return available, waiting, None
+
+
+def _readiness(workload: RawObject) -> tuple[int, int]:
+    status = workload.get("status") or {}
+    if "desiredNumberScheduled" in status:
+        return status.get("numberReady") or 0, status.get("desiredNumberScheduled") or 0
+    return status.get("readyReplicas") or 0, (workload.get("spec") or {}).get("replicas", 1)
 
 
 def _helm(helm: str, kubeconfig: str | None, context: str | None, *args: str, timeout: float) -> str:
@@ -181,34 +212,36 @@ async def _wait_ready(
     them and their pods; UserError at the first pod that cannot start, or after ``timeout``."""
     ours = "app.kubernetes.io/name=gpuferry"
     deployments = Informer(client, DEPLOYMENTS, namespace=namespace, label_selector=ours)
+    daemonsets = Informer(client, DAEMONSETS, namespace=namespace, label_selector=ours)
     pods = Informer(client, PODS, namespace=namespace, label_selector=ours)
+    informers = (deployments, daemonsets, pods)
     changed = asyncio.Event()
-    for informer in (deployments, pods):
+    for informer in informers:
         informer.add_handler(lambda _change: changed.set())
-    tasks = [asyncio.create_task(i.run(), name=f"install-wait {i.name}") for i in (deployments, pods)]
+    tasks = [asyncio.create_task(i.run(), name=f"install-wait {i.name}") for i in informers]
     said: set[str] = set()
     waiting: list[str] = []
 
     async def settle() -> list[dict[str, Any]]:
         nonlocal waiting
-        await asyncio.gather(deployments.synced.wait(), pods.synced.wait())
+        await asyncio.gather(*(i.synced.wait() for i in informers))
         while True:
-            available, waiting, trouble = installation_state(deployments.values(), pods.values())
+            kinds = {d["metadata"]["name"]: "Deployment" for d in deployments.values()}
+            kinds.update({d["metadata"]["name"]: "DaemonSet" for d in daemonsets.values()})
+            workloads = deployments.values() + daemonsets.values()
+            available, waiting, trouble = installation_state(workloads, pods.values())
             for name in available:
                 if name not in said:
-                    progress.step(f"Deployment {name} available")
+                    progress.step(f"{kinds.get(name, 'Deployment')} {name} available")
                     said.add(name)
             if trouble:
                 raise UserError(f"gpuferry cannot start: {trouble}")
             if len(deployments) and not waiting:
                 return [
-                    {
-                        "name": d["metadata"]["name"],
-                        "ready": (d.get("status") or {}).get("readyReplicas") or 0,
-                        "replicas": (d.get("spec") or {}).get("replicas", 1),
-                    }
-                    for d in deployments.values()
-                ]
+                    {"name": w["metadata"]["name"], "kind": kinds[w["metadata"]["name"]],
+                     "ready": _readiness(w)[0], "replicas": _readiness(w)[1]}
+                    for w in workloads
+                ]  # fmt: skip
             changed.clear()
             await changed.wait()
 
@@ -225,23 +258,146 @@ async def _wait_ready(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _adopt_cluster_id(client: KubeClient, namespace: str, progress: Progress) -> None:
-    """A cluster peered before it was installed has the cluster-ID ConfigMap that ``peer`` made,
-    which the chart makes too: helm refuses to take over an object of no release. It is given
-    to the release (helm's ownership label and annotations), keeping its data."""
+async def _adopt(
+    client: KubeClient, name: str, namespace: str, release_namespace: str, drop: Sequence[str] = ()
+) -> bool:
+    """Give a ConfigMap that exists outside any release to ours (helm's ownership label and
+    annotations; helm alone refuses to take it over), without the keys ``drop`` (helm's merge
+    would keep keys the chart does not render); True when it did."""
     try:
-        cm = await client.get(CONFIGMAPS, CLUSTER_ID_CONFIGMAP, namespace)
+        cm = await client.get(CONFIGMAPS, name, namespace)
     except NotFound:
-        return
+        return False
     if (cm["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name") == RELEASE:
-        return
+        return False
     ownership = {
         "labels": {"app.kubernetes.io/managed-by": "Helm"},
-        "annotations": {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": namespace},
+        "annotations": {
+            "meta.helm.sh/release-name": RELEASE,
+            "meta.helm.sh/release-namespace": release_namespace,
+        },
     }
-    await client.patch(CONFIGMAPS, CLUSTER_ID_CONFIGMAP, {"metadata": ownership}, namespace)
-    where = f"{namespace}/{CLUSTER_ID_CONFIGMAP}"
-    progress.step(f"ConfigMap {where}, made by an earlier peer, given to the release")
+    patch: dict[str, Any] = {"metadata": ownership}
+    if drop:
+        patch["data"] = dict.fromkeys(drop)
+    await client.patch(CONFIGMAPS, name, patch, namespace)
+    return True
+
+
+async def _adopt_cluster_id(client: KubeClient, namespace: str, progress: Progress) -> None:
+    """A cluster peered before it was installed has the cluster-ID ConfigMap that ``peer`` made,
+    which the chart makes too: it is given to the release, keeping its data."""
+    if await _adopt(client, CLUSTER_ID_CONFIGMAP, namespace, namespace):
+        where = f"{namespace}/{CLUSTER_ID_CONFIGMAP}"
+        progress.step(f"ConfigMap {where}, made by an earlier peer, given to the release")
+
+
+def user_network_values(files: Sequence[str] | None, pairs: Sequence[str] | None) -> dict[str, Any]:
+    """What the user's ``-f`` files and ``--set`` say of ``networking`` (flat keys such as
+    ``podCIDRs``, ``endpoint.address``, ``enabled``): those are not discovered."""
+    said: dict[str, Any] = {}
+    for path in files or ():
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UserError(f"cannot read the values file {path}: {exc}") from None
+        net = loaded.get("networking") if isinstance(loaded, dict) else None
+        if isinstance(net, dict):
+            for key, value in net.items():
+                if isinstance(value, dict):
+                    said.update({f"{key}.{k}": v for k, v in value.items()})
+                else:
+                    said[key] = value
+    for pair in pairs or ():
+        key, _, value = pair.partition("=")
+        if key.startswith("networking."):
+            said[key.removeprefix("networking.")] = value
+    return said
+
+
+def _cidr_flags(texts: Sequence[str] | None, flag: str) -> list[str]:
+    out = []
+    for text in texts or ():
+        try:
+            network = ip_network(text, strict=True)
+        except ValueError as exc:
+            raise UserError(f"{flag} {text!r} is not a network address: {exc}") from None
+        if not isinstance(network, IPv4Network):
+            raise UserError(f"{flag} {text!r} is IPv6; the network fabric is IPv4 only")
+        out.append(str(network))
+    return out
+
+
+async def _network_values(
+    client: KubeClient, args: argparse.Namespace, roles: Sequence[str], progress: Progress
+) -> dict[str, Any]:
+    """The chart's ``networking`` values the user did not give, found in the cluster."""
+    said = user_network_values(args.values, args.set)
+    if args.no_network or str(said.get("enabled", "true")).lower() == "false":
+        progress.step("network fabric: off (peer with --no-network)")
+        return {"enabled": False}
+    pods = _cidr_flags(args.pod_cidr, "--pod-cidr")
+    services = _cidr_flags(args.service_cidr, "--service-cidr")
+    endpoint = args.endpoint_address
+    how: list[str] = []
+    try:
+        declared = (await client.get(CONFIGMAPS, DECLARATION_NAME, DECLARATION_NAMESPACE)).get("data") or {}
+    except NotFound:
+        declared = {}
+    where = f"{DECLARATION_NAMESPACE}/{DECLARATION_NAME}"
+    if not pods and "podCIDRs" not in said:
+        if declared.get("podCIDRs"):
+            pods, source = [c.strip() for c in declared["podCIDRs"].split(",") if c.strip()], where
+        else:
+            pods, source = netdiscovery.pod_cidrs((await client.list(NODES))["items"]), "the nodes' pod CIDRs"
+        if not pods:
+            raise UserError("cannot find this cluster's pod CIDRs (no node has spec.podCIDRs): give "
+                            "--pod-cidr CIDR, or --no-network")  # fmt: skip
+        how.append(f"pod CIDRs {', '.join(pods)} (from {source})")
+    if not services and "serviceCIDRs" not in said:
+        if declared.get("serviceCIDRs"):
+            services = [c.strip() for c in declared["serviceCIDRs"].split(",") if c.strip()]
+            source = where
+        else:
+            try:
+                services = netdiscovery.service_cidrs((await client.list(SERVICECIDRS))["items"])
+            except NotFound:  # before Kubernetes 1.33
+                services = []
+            source = "the ServiceCIDRs"
+        if not services:
+            raise UserError("cannot find this cluster's service CIDRs (no ServiceCIDR object): give "
+                            "--service-cidr CIDR, or --no-network")  # fmt: skip
+        how.append(f"service CIDRs {', '.join(services)} (from {source})")
+    if "provider" in roles and not endpoint and "endpoint.address" not in said:
+        # an address declared for gateway processes on a machine (gatewayNetns) is not the gateway pod's
+        if declared.get("endpointAddress") and not declared.get("gatewayNetns"):
+            endpoint, source = declared["endpointAddress"], where
+        else:
+            endpoint, source = netdiscovery.endpoint_address((await client.list(NODES))["items"]), "a node"
+        if not endpoint:
+            raise UserError("cannot find an address where consumers reach this provider's gateway (no "
+                            "Ready node with an address): give --endpoint-address")  # fmt: skip
+        how.append(f"gateway endpoint {endpoint} (from {source})")
+    for line in how:
+        progress.step(f"network fabric: {line}")
+    values: dict[str, Any] = {"enabled": True}
+    if pods:
+        values["podCIDRs"] = pods
+    if services:
+        values["serviceCIDRs"] = services
+    if endpoint:
+        values["endpoint"] = {"address": endpoint}
+    return values
+
+
+async def _adopt_declaration(client: KubeClient, namespace: str, progress: Progress) -> None:
+    """A network declaration written by hand (or by hack/) is given to the release, which
+    renders it from values from now on (its CIDRs and address were read into them)."""
+    # where gateway processes ran on a machine: the chart's gateway pod replaces them
+    machine_keys = ("gatewayNetns", "gatewayIP")
+    if await _adopt(client, DECLARATION_NAME, DECLARATION_NAMESPACE, namespace, drop=machine_keys):
+        progress.step(f"ConfigMap {DECLARATION_NAMESPACE}/{DECLARATION_NAME}, made by hand, given to the "
+                      "release (its CIDRs are kept)")  # fmt: skip
 
 
 async def cmd_install(args: argparse.Namespace) -> int:
@@ -260,12 +416,16 @@ async def cmd_install(args: argparse.Namespace) -> int:
         crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0))
         progress.step(f"{len(crds)} CRDs applied and Established")
         await _adopt_cluster_id(client, args.namespace, progress)
+        networking = await _network_values(client, args, roles, progress)
+        if networking.get("enabled"):
+            await _adopt_declaration(client, args.namespace, progress)
         values = helm_values(
             cluster_id=cluster_id,
             roles=roles,
             replicas=args.replicas,
             image=args.image,
             pull_policy=args.pull_policy,
+            networking=networking,
         )
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gpuferry-values-") as f:
             yaml.safe_dump(values, f)
@@ -296,6 +456,7 @@ async def cmd_install(args: argparse.Namespace) -> int:
         "release": RELEASE,
         "revision": revision,
         "components": components,
+        "network": networking,
     }
 
     def table(console: Any) -> None:
@@ -309,8 +470,8 @@ async def cmd_install(args: argparse.Namespace) -> int:
         console.print(t)
         if "consumer" in roles:
             console.print(
-                "next: gpuferry peer --kubeconfig <this> --remote-kubeconfig <provider> --no-network "
-                "(the chart has no gateways yet)"
+                "next: gpuferry peer --kubeconfig <this> --remote-kubeconfig <provider>"
+                + ("" if networking.get("enabled") else " --no-network")
             )
 
     emit(data, args.output, table)
@@ -433,6 +594,18 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         "-f", "--values", action="append", metavar="FILE", help="more helm values (repeatable)"
     )
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a helm value (repeatable)")
+    net = parser.add_argument_group(
+        "network fabric", "the gateway and route agents; what is not given is found in the cluster "
+        "(its network declaration, else the nodes' pod CIDRs, the ServiceCIDRs, a node's address)"
+    )  # fmt: skip
+    net.add_argument("--no-network", action="store_true",
+                     help="no gateway nor route agent (peer with --no-network)")  # fmt: skip
+    net.add_argument("--pod-cidr", action="append", metavar="CIDR",
+                     help="this cluster's pod CIDR (repeatable)")  # fmt: skip
+    net.add_argument("--service-cidr", action="append", metavar="CIDR",
+                     help="this cluster's service CIDR (repeatable)")  # fmt: skip
+    net.add_argument("--endpoint-address", metavar="ADDRESS",
+                     help="where consumers dial a provider's gateway (default: a node's)")  # fmt: skip
     parser.add_argument("-n", "--namespace", default=SYSTEM_NAMESPACE, help=f"(default {SYSTEM_NAMESPACE})")
     parser.add_argument("--helm", help="the helm binary (default: $GPUFERRY_HELM, PATH, make build-k8s's)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")

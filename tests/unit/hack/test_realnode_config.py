@@ -108,6 +108,8 @@ def test_kubelet_is_configured_like_a_production_kubelet_for_this_machine(tmp_pa
     assert config["podLogsDir"].startswith(str(spec.node_dir))
     assert config["imageGCHighThresholdPercent"] == 100  # imported images cannot be pulled again
     assert config["registerWithTaints"] == [{"key": REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}]
+    # the chart's gateway pod sets these in its own network namespace
+    assert config["allowedUnsafeSysctls"] == ["net.ipv4.ip_forward", "net.ipv4.conf.*"]
     assert spec.real_node is not None
     labels = node_labels(spec.real_node)
     assert labels[REAL_NODE_LABEL] == "true" and labels["nvidia.com/gpu.count"] == "2"
