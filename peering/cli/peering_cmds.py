@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import os
 import re
 from typing import Any
 
@@ -256,17 +257,22 @@ LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 INSTALLED_DEPLOYMENTS = {"consumer": "gpuferry-consumer", "provider": "gpuferry-provider"}
 """The chart's controllers: a cluster that has its role's Deployment runs gpuferry itself."""
+GATEWAY_DEPLOYMENT = "gpuferry-gateway"
+"""The chart's gateway (installed with the network)."""
 
 
 def choose_agents(requested: str, installed: dict[str, bool]) -> str:
-    """``--agents auto``: none where both clusters run the installed controllers, local where
-    neither does (development mode); a half-installed pair is an error, not a guess. Pure."""
+    """``--agents auto``: none where both clusters run the installed controllers; anything else
+    is an error that says what to do, not a guess (local processes are development mode, asked
+    for by name). Pure."""
     if requested != "auto":
         return requested
     if all(installed.values()):
         return "none"
     if not any(installed.values()):
-        return "local"
+        raise UserError("gpuferry runs in neither cluster: install it in both (gpuferry install --role "
+                        "provider, then --role consumer), or run its controllers on this machine in "
+                        "development mode with --agents local")  # fmt: skip
     have = next(side for side, yes in installed.items() if yes)
     lack = next(side for side, yes in installed.items() if not yes)
     raise UserError(f"gpuferry is installed in the {have} cluster but not in the {lack}: install it there "
@@ -288,12 +294,23 @@ async def resolve_agents(
         except NotFound:
             installed[side] = False
     args.agents = choose_agents("auto", installed)
-    if args.agents == "none":
-        progress.step("controllers: installed in both clusters (gpuferry install): none started here")
-        return True
-    progress.step("controllers: none installed in the clusters: started here as local processes "
-                  "(development mode; gpuferry install runs them in the clusters)")  # fmt: skip
-    return False
+    progress.step("controllers: installed in both clusters (gpuferry install): none started here")
+    return True
+
+
+async def require_gateways(consumer: KubeClient, provider: KubeClient) -> None:
+    """Both installed clusters run the chart's gateway, or the tunnel would never come up."""
+    missing = []
+    for side, client in (("consumer", consumer), ("provider", provider)):
+        try:
+            await client.get(DEPLOYMENTS, GATEWAY_DEPLOYMENT, SYSTEM_NAMESPACE)
+        except NotFound:
+            missing.append(side)
+    if missing:
+        raise UserError(
+            f"gpuferry on the {' and the '.join(missing)} runs no gateway (installed with --no-network): "
+            "peer with --no-network, or install again with the network (gpuferry install)"
+        )
 
 
 def parse_tolerations(values: list[str] | None) -> list[dict[str, str]]:
@@ -332,10 +349,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
         installed = await resolve_agents(args, consumer, provider, progress)
         if installed and not args.no_network:  # nothing would ever bring the tunnel up
-            raise UserError(
-                "gpuferry installed by its chart runs no gateways yet: peer with --no-network "
-                "(or with --agents none and gateways you run yourself)"
-            )
+            await require_gateways(consumer, provider)
         if not args.no_network:  # a missing or wrong declaration stops us before any change
             await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):
@@ -625,10 +639,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     remote.add_argument(
         "--agents",
         choices=["auto", "local", "none"],
-        default="auto",
-        help="auto (default): rely on the controllers `gpuferry install` runs in the clusters when "
-        "both have them, else run them here as local background processes (development mode); "
-        "local or none to say which",
+        default=os.environ.get("GPUFERRY_AGENTS", "auto"),
+        help="auto (default, or $GPUFERRY_AGENTS): the controllers `gpuferry install` runs in both "
+        "clusters; local: run them on this machine as background processes instead (development "
+        "mode, for clusters without gpuferry installed); none: start nothing, whatever runs",
     )
     remote.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     remote.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

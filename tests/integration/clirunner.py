@@ -17,9 +17,13 @@ __all__ = ["Cli", "cache_of"]
 
 
 class Cli:
-    def __init__(self, consumer: LocalCluster, provider: LocalCluster, cache: Path) -> None:
+    def __init__(
+        self, consumer: LocalCluster, provider: LocalCluster, cache: Path, *, agents: str = "local"
+    ) -> None:
+        """``agents``: what peer and unpeer run with (``$GPUFERRY_AGENTS``): local processes
+        (development mode) for the clusters gpuferry is not installed in, auto where it is."""
         self.c, self.p = str(consumer.spec.kubeconfig), str(provider.spec.kubeconfig)
-        self.env = {**os.environ, "GPUFERRY_CACHE": str(cache)}
+        self.env = {**os.environ, "GPUFERRY_CACHE": str(cache), "GPUFERRY_AGENTS": agents}
 
     async def __call__(self, *args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec(

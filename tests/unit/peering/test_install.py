@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from peering.cli.common import UserError
-from peering.cli.install_cmds import chart_dir, find_helm, helm_values, installation_state
+from peering.cli.install_cmds import (
+    chart_dir,
+    find_helm,
+    helm_values,
+    installation_state,
+    user_network_values,
+)
 
 
 def test_values_enable_the_roles_asked_for_and_split_the_image() -> None:
@@ -71,6 +77,35 @@ def test_available_only_when_every_deployment_has_its_replicas_of_the_current_ge
     rolling = deploy("a", 2, 2)
     rolling["status"]["availableReplicas"] = 1  # updated, not all available yet
     assert installation_state([rolling], [])[1] == ["a"]
+
+
+def daemonset(name: str, desired: int, updated: int, available: int, observed: int = 1) -> dict[str, Any]:
+    status = {"desiredNumberScheduled": desired, "updatedNumberScheduled": updated,
+              "numberAvailable": available, "numberReady": available,
+              "observedGeneration": observed}  # fmt: skip
+    return {"metadata": {"name": name, "generation": 1}, "spec": {}, "status": status}
+
+
+def test_a_daemonset_is_rolled_out_when_every_node_runs_an_available_updated_pod() -> None:
+    assert installation_state([daemonset("agent", 2, 2, 2)], []) == (["agent"], [], None)
+    assert installation_state([daemonset("agent", 2, 1, 2)], [])[1] == ["agent"]  # one node still old
+    assert installation_state([daemonset("agent", 2, 2, 1)], [])[1] == ["agent"]  # one not available
+    assert installation_state([daemonset("agent", 2, 2, 2, observed=0)], [])[1] == ["agent"]
+    # no node to run on (every node simulated, say) is rolled out: nothing to wait for
+    assert installation_state([daemonset("agent", 0, 0, 0)], [])[0] == ["agent"]
+
+
+def test_networking_the_user_gave_is_not_discovered(tmp_path: Path) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_text("networking:\n  podCIDRs: [10.1.0.0/16]\n  endpoint: {address: gw.example.org}\n")
+    said = user_network_values([str(values)], ["networking.enabled=true", "image.tag=x"])
+    assert said == {"podCIDRs": ["10.1.0.0/16"], "endpoint.address": "gw.example.org", "enabled": "true"}
+    assert helm_values(cluster_id="x", roles=["provider"], replicas=None, image=None, pull_policy=None,
+                       networking={"enabled": False})["networking"] == {"enabled": False}  # fmt: skip
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("networking: [\n")
+    with pytest.raises(UserError, match="cannot read the values file"):
+        user_network_values([str(broken)], None)
 
 
 def test_a_pod_that_will_not_start_stops_the_wait_with_why() -> None:
@@ -141,11 +176,14 @@ def test_the_wheel_carries_every_file_of_the_chart() -> None:
     assert missed == [], f"add these to [tool.setuptools.package-data] in pyproject.toml: {missed}"
 
 
-def test_peer_relies_on_installed_controllers_only_when_both_clusters_have_them() -> None:
+def test_peer_relies_on_installed_controllers_and_runs_local_ones_only_when_asked() -> None:
     from peering.cli.peering_cmds import choose_agents
 
     assert choose_agents("auto", {"consumer": True, "provider": True}) == "none"
-    assert choose_agents("auto", {"consumer": False, "provider": False}) == "local"
+    # local processes are development mode: asked for by name, never a fallback
+    with pytest.raises(UserError, match=r"runs in neither cluster.*--agents local"):
+        choose_agents("auto", {"consumer": False, "provider": False})
+    assert choose_agents("local", {"consumer": False, "provider": False}) == "local"
     assert choose_agents("local", {"consumer": True, "provider": True}) == "local"  # said: done
     half = r"installed in the consumer cluster but not in the provider.*--role provider"
     with pytest.raises(UserError, match=half):
