@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The demo, run through `make demo`: build what is missing, start a consumer and a provider
-# cluster on loopback, peer them with `gpuferry peer`, offload a namespace, create a GPU Job with
-# plain kubectl, show it on the virtual node (consumer) and as twins (provider), then
-# `gpuferry info`. Idempotent: running it again reuses the clusters and the peering.
+# cluster on loopback, install gpuferry in both with `gpuferry install` (its controllers, virtual
+# kubelet, gateway and route agent run as pods on each cluster's real node), peer them with
+# `gpuferry peer`, offload a namespace, create a GPU Job with plain kubectl, show it on the virtual
+# node (consumer) and as twins (provider), then `gpuferry info`. Idempotent: running it again
+# reuses the clusters, the installation and the peering. Without root there is no real node: the
+# controllers then run on this machine (--agents local, development mode), without the network.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 py=.venv/bin/python
@@ -26,12 +29,30 @@ if "$kubectl" --kubeconfig "$C" get node real-0 >/dev/null 2>&1; then
   "$kubectl" --kubeconfig "$C" -n kube-system get pods -o wide
 fi
 
-# the network fabric's local gateways live in network namespaces: root only
-network=()
-[[ $(id -u) -eq 0 ]] || network=(--no-network)
-step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider (and a WireGuard tunnel joins the pod networks)"
+if "$kubectl" --kubeconfig "$C" get node real-0 >/dev/null 2>&1; then
+  values=$(mktemp -d)
+  trap 'rm -rf "$values"' EXIT
+  for side in provider consumer; do
+    $py -m hack.localcluster --profile "$profile" --cluster "$side" values >"$values/$side.yaml"
+  done
+  step "gpuferry install: the provider's controller, gateway and route agent, as pods on its real node"
+  $gf install --role provider --cluster-id gpu-farm --kubeconfig "$P" -f "$values/provider.yaml"
+  step "gpuferry install: the consumer's agent (it runs a virtual kubelet per provider), gateway and route agent"
+  $gf install --role consumer --cluster-id ml-eu --kubeconfig "$C" -f "$values/consumer.yaml"
+  # the consumer's pods reach the provider's API server at the host's address, not at loopback
+  how=(--remote-server "$GPUFERRY_PROVIDER_SERVER")
+  undo="$gf uninstall --kubeconfig $C; $gf uninstall --kubeconfig $P"
+  unpeer_flags=""
+  network="and the gateways' WireGuard tunnel joins the pod networks"
+else
+  how=(--agents local --no-network)  # no real node without root: development mode, no network
+  undo="$gf agents stop"
+  unpeer_flags=" --agents local"
+  network="the controllers as processes on this machine: no root, no real node"
+fi
+step "gpuferry peer: the consumer borrows 8 H100 GPUs from the provider ($network)"
 $gf peer --kubeconfig "$C" --remote-kubeconfig "$P" --cluster-id ml-eu --remote-cluster-id gpu-farm \
-  --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "${network[@]}"
+  --gpus 8 --selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 "${how[@]}"
 
 step "consumer cluster: the ForeignCluster the controllers drove through its four conditions"
 "$kubectl" --kubeconfig "$C" get foreignclusters
@@ -71,6 +92,10 @@ step "provider: their twins on H100 nodes, in the twin namespace"
 
 step "gpuferry network status: the tunnel, both clusters on 10.244.0.0/16, each seeing the other remapped"
 $gf network status --kubeconfig "$C"
+if [[ ${how[0]} == --remote-server ]]; then
+  step "consumer: gpuferry itself, as pods (the virtual kubelet gf-vk-gpu-farm among them)"
+  "$kubectl" --kubeconfig "$C" -n gpuferry-system get pods -o wide
+fi
 
 step "gpuferry info (consumer, then provider)"
 $gf info --kubeconfig "$C"
@@ -87,6 +112,8 @@ Try it yourself:
   alias kubectl=$kubectl
   kubectl -n $ns create job gpu-test --image=cuda -- nvidia-smi   # add GPU limits to land remotely
   $gf info -o yaml
-Undo: $gf unoffload namespace $ns --kubeconfig $C; $gf unpeer --kubeconfig $C --remote-kubeconfig $P
+Undo: $gf unoffload namespace $ns --kubeconfig $C
+      $gf unpeer --kubeconfig $C --remote-kubeconfig $P$unpeer_flags
+      $undo
 Stop the clusters: make down
 MSG

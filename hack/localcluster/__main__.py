@@ -1,4 +1,4 @@
-"""python -m hack.localcluster {up,down,status,env,restart} — local clusters for the demo and tests."""
+"""python -m hack.localcluster {up,down,status,env,values,restart} — local clusters for the demo and tests."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import json
 import sys
 import time
 
+import yaml
+
 from ..images import BuildError
 from .binaries import Binaries, BinariesMissing, ensure_built
 from .cluster import COMPONENTS, KubectlFailed, LocalCluster, build_node_images
-from .network import NetworkFailed
+from .network import NetworkFailed, api_advertise_address
 from .processes import ComponentFailed, PortBusy
 from .realnode import NODE_COMPONENTS, NodeFailed
 from .spec import PROFILE_PORT_BASES, cluster_specs
@@ -84,8 +86,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_env(args: argparse.Namespace) -> int:
     for cluster in _clusters(args, build=False):
-        var = f"GPUFERRY_{cluster.spec.name.upper()}_KUBECONFIG"
-        print(f"export {var}={cluster.spec.kubeconfig}")
+        prefix = f"GPUFERRY_{cluster.spec.name.upper()}"
+        print(f"export {prefix}_KUBECONFIG={cluster.spec.kubeconfig}")
+        # where pods (gpuferry installed in the other cluster) reach this cluster's API server
+        print(f"export {prefix}_SERVER=https://{api_advertise_address(cluster.spec)}:{cluster.spec.ports.apiserver}")
+    return 0
+
+
+def cmd_values(args: argparse.Namespace) -> int:
+    """Helm values for gpuferry's chart on the cluster's real node (``gpuferry install -f``)."""
+    (cluster,) = _clusters(args, build=False)
+    values = cluster.chart_values()
+    if not values:
+        print(f"error: {cluster.spec.name} has no real node with the gpuferry image: run up as root",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    print(yaml.safe_dump(values, sort_keys=False), end="")
     return 0
 
 
@@ -125,11 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--keep-state", action="store_true", help="keep etcd data, certificates and logs")
     status = sub.add_parser("status", help="which components run; exits 1 when one has crashed")
     status.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    sub.add_parser("env", help="print export lines with each cluster's admin kubeconfig")
+    sub.add_parser("env", help="print export lines with each cluster's admin kubeconfig and API server")
+    sub.add_parser("values", help="helm values for gpuferry's chart on one cluster's real node (--cluster)")
     restart = sub.add_parser("restart", help="restart one component")
     restart.add_argument("component", choices=COMPONENTS + NODE_COMPONENTS)
     args = parser.parse_args(argv)
-    handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env, "restart": cmd_restart}
+    handlers = {"up": cmd_up, "down": cmd_down, "status": cmd_status, "env": cmd_env, "restart": cmd_restart,
+                "values": cmd_values}  # fmt: skip
     try:
         return handlers[args.command](args)
     except FAILURES as exc:

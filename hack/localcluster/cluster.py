@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -29,7 +30,7 @@ from .nodes import node_manifest
 from .pki import ClientIdentity, ensure_pki, ensure_server_cert
 from .processes import Component, ComponentFailed, PortBusy, ProcessTable, port_held
 from .realnode import NODE_COMPONENTS, NodeFailed, RealNode
-from .spec import ClusterSpec
+from .spec import REAL_NODE_LABEL, ClusterSpec
 
 # Taints the node lifecycle controller sets on nodes that are not (yet) Ready.
 LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -170,6 +171,18 @@ class LocalCluster:
         path = self.spec.run_dir / "images.json"
         data: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
         return data
+
+    def chart_values(self) -> dict[str, Any]:
+        """Helm values that run gpuferry's chart on this cluster's real node: the image built here
+        (imported, pulled from nowhere), on the real node, which is tainted. Empty without one."""
+        if "gpuferry" not in self.images:
+            return {}
+        repository, tag = self.images["gpuferry"].rsplit(":", 1)
+        return {
+            "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        }
 
     # ---- configuration -------------------------------------------------------------------------
 

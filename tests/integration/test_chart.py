@@ -7,8 +7,10 @@ image tag rolls everything while the offloaded pod keeps running, and so does a 
 consumer's node (kubelet and containerd); ``gpuferry uninstall`` leaves
 nothing but the CRDs; an image that is not on the node is one clear error.
 
-What it does not cover yet (issue 13 goes on): the gateway and route agent as pods (the test
-peers with --no-network), ``gpuferry install``.
+The network fabric runs in the clusters too: a gateway pod per cluster (wireguard-go inside, with
+NET_ADMIN alone) and a route agent per real node; a pod of the consumer reaches a GPU Job's twin,
+running as a real container on the provider's real node, by its remapped address and by a
+Service's name, and logs, exec and port-forward reach it through the virtual kubelet's pod.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +30,7 @@ import pytest
 import yaml
 
 from hack.localcluster import LocalCluster
-from hack.localcluster.network import api_advertise_address
+from hack.localcluster.network import api_advertise_address, declaration, local_network
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
 from kube.objects import NODES, PODS, VIRTUALNODES, RawObject
@@ -37,6 +42,12 @@ pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpuferry"
 H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+#: how each cluster sees the other's 10.244.0.0/16 (the first block of the default remap pool)
+REMOTE_PODS = "10.64.0.0/16"
+REMOTE_PREFIX = "10.64"
+NETWORK_VALUES = ("--set", "networking.podCIDRs={10.244.0.0/16,10.250.0.0/16}",
+                  "--set", "networking.serviceCIDRs={10.96.0.0/16}",
+                  "--set", "networking.endpoint.address=172.31.0.12")  # fmt: skip
 
 
 def helm(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -48,14 +59,9 @@ def helm(cluster: LocalCluster, *args: str, check: bool = True) -> subprocess.Co
 
 
 def local_values(cluster: LocalCluster, tmp: Path, **more: object) -> Path:
-    """The image built here, on the real node (pulled from nowhere)."""
-    repository, tag = cluster.images["gpuferry"].rsplit(":", 1)
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "nodeSelector": {"gpuferry.io/real-node": "true"},
-        "tolerations": [{"key": "gpuferry.io/real-node", "operator": "Exists", "effect": "NoSchedule"}],
-        **more,
-    }
+    """The image built here, on the real node (pulled from nowhere), as the demo installs it."""
+    values = {**cluster.chart_values(), **more}
+    assert values["image"]["pullPolicy"] == "Never", values
     path = tmp / f"{cluster.spec.name}-values.yaml"
     path.write_text(yaml.safe_dump(values))
     return path
@@ -67,12 +73,14 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
     for role in ("provider", "consumer"):
         rendered = helm(consumer, "template", "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE,
                         "--set", "clusterID=ml-eu", "--set", f"{role}.enabled=true",
-                        "--set", f"{role}.replicas=2").stdout  # fmt: skip
-        kinds = sorted({d["kind"] for d in yaml.safe_load_all(rendered) if d})
+                        "--set", f"{role}.replicas=2", *NETWORK_VALUES).stdout  # fmt: skip
+        objects = [d for d in yaml.safe_load_all(rendered) if d]
+        kinds = sorted({d["kind"] for d in objects})
         assert kinds == [
             "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
+            "DaemonSet",
             "Deployment",
             "PodDisruptionBudget",
             "Role",
@@ -80,13 +88,32 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
             "Service",
             "ServiceAccount",
         ], kinds
-        (deployment,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment"]
-        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        by_name = {(d["kind"], d["metadata"]["name"]): d for d in objects}
+        container = by_name["Deployment", f"gpuferry-{role}"]["spec"]["template"]["spec"]["containers"][0]
         security = container["securityContext"]
         assert security["runAsNonRoot"] and security["readOnlyRootFilesystem"]
         assert security["capabilities"]["drop"] == ["ALL"] and not security["allowPrivilegeEscalation"]
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        # the gateway and the route agent: NET_ADMIN alone, never privileged, read-only root
+        for kind, name in (("Deployment", "gpuferry-gateway"), ("DaemonSet", "gpuferry-route-agent")):
+            pod_spec = by_name[kind, name]["spec"]["template"]["spec"]
+            security = pod_spec["containers"][0]["securityContext"]
+            assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}, name
+            assert security["readOnlyRootFilesystem"] and not security.get("privileged"), name
+        gateway_pod = by_name["Deployment", "gpuferry-gateway"]["spec"]["template"]["spec"]
+        assert {"name": "net.ipv4.ip_forward", "value": "1"} in gateway_pod["securityContext"]["sysctls"]
+        # the declaration, from values; on a provider the UDP Service consumers dial
+        declared = by_name["ConfigMap", "gpuferry-network"]
+        assert declared["metadata"]["namespace"] == "kube-system"
+        assert declared["data"]["podCIDRs"] == "10.244.0.0/16,10.250.0.0/16"
+        if role == "provider":
+            service = by_name["Service", "gpuferry-gateway"]["spec"]
+            assert service["type"] == "NodePort"
+            assert [(p["protocol"], p["port"], p["nodePort"]) for p in service["ports"]][:2] == [
+                ("UDP", 31820, 31820), ("UDP", 31821, 31821)]  # fmt: skip
+        else:
+            assert ("Service", "gpuferry-gateway") not in by_name  # a consumer dials, it is not dialled
         # every object as the API server validates it (server-side dry run, nothing is stored)
         consumer.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
         consumer.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
@@ -102,6 +129,15 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         (
             ["--set", "clusterID=ml-eu", "--namespace", "default"],
             "install gpuferry into the namespace gpuferry-system",
+        ),
+        # the network fabric: its CIDRs are required, must be IPv4 CIDRs; a typo is no silent default
+        (["--set", "clusterID=ml-eu", "--set", "consumer.enabled=true"], "networking.podCIDRs is empty"),
+        (["--set", "clusterID=ml-eu", "--set", "networking.podCIDRs={10.244.0.0/33}"], "does not match"),
+        (["--set", "clusterID=ml-eu", "--set", "networking.gateway.serviceType=ClusterIP"], "must be one of"),
+        (["--set", "clusterID=ml-eu", "--set", "networking.podCIRDs={10.244.0.0/16}"], "podCIRDs"),
+        (
+            ["--set", "clusterID=ml-eu", "--set", "provider.enabled=true", *NETWORK_VALUES[:4]],
+            "networking.endpoint.address is empty",
         ),
     ],
 )
@@ -137,8 +173,16 @@ def gpuferry(cluster: LocalCluster, tmp: Path, *args: str) -> subprocess.Complet
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
 
 
+def redeclare(cluster: LocalCluster) -> None:
+    """hack/'s network declaration again (the release took it over and removed it with itself),
+    for the tests that run the gateways as local processes."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                    input=json.dumps(declaration(cluster.spec, local_network(cluster.spec))))  # fmt: skip
+
+
 def uninstall(cluster: LocalCluster, tmp: Path) -> None:
     proc = gpuferry(cluster, tmp, "uninstall", "--force", "-q")
+    redeclare(cluster)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -153,8 +197,14 @@ def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) ->
         assert proc.returncode == 0, proc.stderr
         done = json.loads(proc.stdout)
         assert done["clusterID"] == cid and done["roles"] == [role]
-        assert {(c["name"], c["ready"]) for c in done["components"]} == {(f"gpuferry-{role}", 2)}
+        assert {(c["name"], c["ready"]) for c in done["components"]} == {
+            (f"gpuferry-{role}", 2), ("gpuferry-gateway", 1), ("gpuferry-route-agent", 1)}  # fmt: skip
         assert f"Deployment gpuferry-{role} available" in proc.stderr  # progress, on stderr
+        assert "DaemonSet gpuferry-route-agent available" in proc.stderr
+        # the network: hack/'s declaration gives the CIDRs; the endpoint is the provider's node
+        assert done["network"]["podCIDRs"] == [cluster.spec.pod_cidr]
+        if role == "provider":
+            assert done["network"]["endpoint"] == {"address": local_network(provider.spec).node_address}
         assert "6 CRDs applied and Established" in proc.stderr  # helm would not upgrade them
     try:
         yield
@@ -185,12 +235,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert any(lease["spec"]["holderIdentity"].startswith(p["metadata"]["name"]) for p in pods), lease
 
     # the CLI starts nothing: it writes objects; the controllers in the clusters peer
-    cli = Cli(consumer, provider, tmp_path / "cache")
+    cli = Cli(consumer, provider, tmp_path / "cache", agents="auto")
     server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
-    # without --no-network: refused at once, before any change (the chart has no gateways yet)
-    code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "2")
-    assert code == 1 and "runs no gateways yet: peer with --no-network" in err, err
-    assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
     # (no --agents: both clusters run the installed controllers, so peer starts none here)
     out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
                        "--no-network", "--remote-server", server, "--gpus", "2", "--selector", H100,
@@ -278,7 +324,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
             assert proc.returncode == 0, proc.stderr
             assert json.loads(proc.stdout)["revision"] == "2"
             pods = json.loads(cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json", "-l",
-                                              f"app.kubernetes.io/component={role}"))["items"]  # fmt: skip
+                                              f"app.kubernetes.io/component in ({role},gateway,route-agent)",
+                                              ))["items"]  # fmt: skip
             live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
             assert {c["image"] for p in live for c in p["spec"]["containers"]} == {newer}, role
         upgraded = await kubelet_pod(consumer, timeout=120)
@@ -308,7 +355,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         consumer.restart("containerd")
         consumer.restart("kubelet")
         await wait_for(consumer_client, NODES, "real-0", ready, timeout=120)
-        for deploy_name in ("gpuferry-consumer", "gf-vk-gpu-farm"):
+        for deploy_name in ("gpuferry-consumer", "gpuferry-gateway", "gf-vk-gpu-farm"):
             consumer.kubectl("-n", SYSTEM_NAMESPACE, "rollout", "status", f"deploy/{deploy_name}",
                              "--timeout=110s")  # fmt: skip
         await wait_for(consumer_client, NODES, name, ready, timeout=120)
@@ -316,8 +363,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert train["status"]["phase"] == "Running"
         assert train["metadata"]["uid"] == running["metadata"]["uid"]
         for _ in range(60):  # the kubelet API answers again once the pod's kubelet serves
-            proc = consumer.kubectl("get", "--raw", proxy, check=False)
-            if proc and '"train"' in proc:
+            raw = consumer.kubectl("get", "--raw", proxy, check=False)
+            if raw and '"train"' in raw:
                 break
             await asyncio.sleep(1)
         assert json.loads(consumer.kubectl("get", "--raw", proxy))["items"][0]["metadata"]["name"] == "train"
@@ -333,10 +380,10 @@ async def test_installed_controllers_peer_and_offload_as_pods(
                             "-o", "name") == ""  # fmt: skip
     assert consumer.kubectl("get", "nodes", "-o", "name").count("gpuferry-") == 0
     # the installation stays: its namespace, its controllers
-    for cluster in (consumer, provider):
-        replicas = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", "-o",
-                                   "jsonpath={.items[*].status.readyReplicas}")  # fmt: skip
-        assert replicas.split() == ["2"]
+    for cluster, role in ((consumer, "consumer"), (provider, "provider")):
+        replicas = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", f"gpuferry-{role}", "-o",
+                                   "jsonpath={.status.readyReplicas}")  # fmt: skip
+        assert replicas == "2"
 
 
 def gpuferry_objects(cluster: LocalCluster) -> list[str]:
@@ -371,6 +418,10 @@ async def test_uninstall_leaves_nothing_but_the_crds(
         assert proc.returncode == 0, proc.stderr
         assert "gpuferry uninstalled" in proc.stdout
         assert gpuferry_objects(cluster) == []
+        # the network declaration the release took over went with it
+        assert cluster.kubectl("-n", "kube-system", "get", "configmap", "gpuferry-network",
+                               "--ignore-not-found", "-o", "name") == ""  # fmt: skip
+        redeclare(cluster)
         assert "foreignclusters.core.gpuferry.io" in cluster.kubectl("get", "crds", "-o", "name")
         again = gpuferry(cluster, tmp_path, "uninstall")  # nothing left to remove: says so, succeeds
         assert again.returncode == 0 and "no helm release gpuferry" in again.stderr
@@ -392,40 +443,89 @@ async def test_an_image_that_is_not_on_the_node_is_one_clear_error(
         uninstall(consumer, tmp_path)
 
 
+def fetch(cluster: LocalCluster, url: str, attempts: int = 1) -> str:
+    """``url`` fetched by the client pod of ``cluster`` (python in the gpuferry image)."""
+    script = ("import sys, urllib.request\n"
+              "print(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode().strip())")  # fmt: skip
+    said = ""
+    for _ in range(attempts):
+        proc = subprocess.run([str(cluster.bin.kubectl), f"--kubeconfig={cluster.spec.kubeconfig}", "exec",
+                               "client", "--", "python", "-c", script, url],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+        said = proc.stdout.strip() if proc.returncode == 0 else f"failed: {proc.stderr.strip()[-300:]}"
+        if proc.returncode == 0:
+            break
+        time.sleep(1)
+    return said
+
+
 @pytest.mark.timeout(600)
-async def test_a_twin_runs_as_a_real_container_and_kubectl_reaches_it_through_the_installed_kubelet(
+async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_the_installed_fabric(
     installed: None, consumer: LocalCluster, provider: LocalCluster,
     consumer_client: KubeClient, provider_client: KubeClient, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """The provider's real node is tainted (as GPU nodes often are): a slice that tolerates the
-    taint is granted its GPUs, the twin carries the toleration and runs as a real container; logs
-    and exec from the consumer go through the virtual kubelet's pod to it."""
-    cli = Cli(consumer, provider, tmp_path / "cache")
+    """Both clusters use the pod CIDR 10.244.0.0/16. The provider's real node is tainted (as GPU
+    nodes often are): a slice that tolerates the taint is granted its GPUs, and a GPU Job's twin
+    runs there as a real container. A pod on the consumer's real node reaches it through the
+    gateways of the chart (pods, wireguard-go inside) and the route agents, by its remapped
+    address and by the name of a Service of the offloaded namespace; logs, exec and
+    port-forward go through the virtual kubelet's pod. A deleted gateway pod comes back and the
+    route agent follows its new address."""
+    cli = Cli(consumer, provider, tmp_path / "cache", agents="auto")
     server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
-    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--no-network",
+    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
                        "--remote-server", server, "--gpus", "1", "--cpu", "500m", "--memory", "512Mi",
                        "--pods", "5", "--selector", "nvidia.com/gpu.product=Tesla-T4",
                        "--tolerate", "gpuferry.io/real-node:NoSchedule", "-o", "json")  # fmt: skip
-    assert json.loads(out)["provider"] == "gpu-farm"
+    peered = json.loads(out)
+    assert peered["provider"] == "gpu-farm"
+    assert json.loads(await cli.ok("agents", "-o", "json")) == {"agents": []}  # all of it in the clusters
     gslice = json.loads(provider.kubectl("-n", "gpuferry-tenant-ml-eu", "get", "gpuslice/ml-eu", "-o=json"))
     assert gslice["status"]["phase"] == "Granted"
     assert [n["name"] for n in gslice["status"]["shape"]["nodes"]] == ["real-0"]
+    # the tunnel: the consumer's gateway pod dials the provider's NodePort on its node
+    endpoint = f"{local_network(provider.spec).node_address}:31820"
+    tunnel = json.loads(consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "peernetwork", "gpu-farm",
+                                         "-o", "json"))  # fmt: skip
+    assert (condition(tunnel, "NetworkReady") or {}).get("status") == "True", tunnel.get("status")
+    assert tunnel["status"]["remappedPodCIDRs"] == [REMOTE_PODS]
+    dialled = consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "peernetwork", "gpu-farm", "-o",
+                               "jsonpath={.spec.endpoint.address}:{.spec.endpoint.port}")  # fmt: skip
+    assert dialled == endpoint
+
     work = "real-work"
+    image = provider.images["gpuferry"]
     consumer.kubectl("create", "namespace", work)
     try:
         await cli.ok("offload", "namespace", work, "--kubeconfig", cli.c)
-        image = provider.images["gpuferry"]
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ferried", "namespace": work},
-               "spec": {"securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
-                                            "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [{
-                            "name": "main", "image": image, "imagePullPolicy": "Never",
-                            "command": ["sh", "-c", "echo ferried to $(hostname); sleep 3600"],
-                            "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "100m", "memory": "64Mi"}},
-                            "securityContext": {"allowPrivilegeEscalation": False,
-                                                "capabilities": {"drop": ["ALL"]}}}]}}  # fmt: skip
-        consumer.kubectl("apply", "-f", "-", input=json.dumps(pod))
-        running = await wait_for(consumer_client, PODS, "ferried",
+        serve = ("cd /tmp && echo hello from $(hostname) > index.html && echo ferried to $(hostname) "
+                 "&& exec python -m http.server 8080")  # fmt: skip
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "ferried", "namespace": work},
+               "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"app": "ferried"}}, "spec": {
+                   "restartPolicy": "Never",
+                   "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                       "seccompProfile": {"type": "RuntimeDefault"}},
+                   "containers": [{
+                       "name": "main", "image": image, "imagePullPolicy": "Never",
+                       "command": ["sh", "-c", serve], "ports": [{"containerPort": 8080}],
+                       "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "100m", "memory": "64Mi"}},
+                       "securityContext": {"allowPrivilegeEscalation": False,
+                                           "capabilities": {"drop": ["ALL"]}}}]}}}}  # fmt: skip
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": work},
+                   "spec": {"selector": {"app": "ferried"}, "ports": [{"port": 80, "targetPort": 8080}]}}
+        consumer.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                "items": [job, service]}))  # fmt: skip
+        def job_pods() -> list[RawObject]:
+            listed = consumer.kubectl("-n", work, "get", "pods", "-l", "job-name=ferried", "-o", "json")
+            return json.loads(listed)["items"]  # type: ignore[no-any-return]
+
+        for _ in range(60):
+            if job_pods():
+                break
+            await asyncio.sleep(1)
+        pods = {"items": job_pods()}
+        name = pods["items"][0]["metadata"]["name"]
+        running = await wait_for(consumer_client, PODS, name,
                                  lambda p: (p.get("status") or {}).get("phase") == "Running",
                                  namespace=work, timeout=120)  # fmt: skip
         assert running["spec"]["nodeName"] == virtual_node_name("gpu-farm")
@@ -434,17 +534,112 @@ async def test_a_twin_runs_as_a_real_container_and_kubectl_reaches_it_through_th
         assert {"key": "gpuferry.io/real-node", "operator": "Exists", "effect": "NoSchedule"} in twin["spec"][
             "tolerations"
         ]
-        # logs and exec: the API server → the virtual kubelet's pod → the provider → the real kubelet
+        # the consumer sees the twin at its remapped address: same host part, the remapped prefix
+        twin_ip = twin["status"]["podIP"]
+        remapped = str(REMOTE_PREFIX) + "." + ".".join(twin_ip.split(".")[2:])
+        for _ in range(30):
+            running = await consumer_client.get(PODS, name, work)
+            if running["status"].get("podIP") == remapped:
+                break
+            await asyncio.sleep(1)
+        assert running["status"]["podIP"] == remapped, (running["status"].get("podIP"), twin_ip)
+
+        # a pod of the consumer's real node calls it through the fabric
+        client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client", "namespace": "default"},
+                  "spec": {"nodeSelector": {"gpuferry.io/real-node": "true"},
+                           "tolerations": [{"key": "gpuferry.io/real-node", "operator": "Exists"}],
+                           "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                           "terminationGracePeriodSeconds": 1,
+                           "containers": [{"name": "main", "image": consumer.images["gpuferry"],
+                                           "imagePullPolicy": "Never",
+                                           "command": ["sleep", "3600"]}]}}  # fmt: skip
+        consumer.kubectl("apply", "-f", "-", input=json.dumps(client))
+        consumer.kubectl("wait", "--for=condition=Ready", "pod/client", "--timeout=60s")
+        hello = f"hello from {twin['metadata']['name']}"
+        assert fetch(consumer, f"http://{remapped}:8080/", attempts=20) == hello
+        assert fetch(consumer, f"http://web.{work}.svc.cluster.local/", attempts=20) == hello
+
+        # logs, exec and port-forward: the API server → the virtual kubelet's pod → the provider
         logs = ""
         for _ in range(30):
-            logs = consumer.kubectl("-n", work, "logs", "ferried", check=False)
+            logs = consumer.kubectl("-n", work, "logs", name, check=False)
             if "ferried to" in logs:
                 break
             await asyncio.sleep(1)
-        assert logs.strip() == f"ferried to {twin['metadata']['name']}", logs
-        said = consumer.kubectl("-n", work, "exec", "ferried", "--", "sh", "-c", "id -u; cat /proc/1/cmdline")
-        assert said.splitlines()[0] == "65532" and "sleep" in said, said
+        assert logs.splitlines()[0] == f"ferried to {twin['metadata']['name']}", logs
+        said = consumer.kubectl("-n", work, "exec", name, "--", "sh", "-c", "id -u; cat /proc/1/cmdline")
+        assert said.splitlines()[0] == "65532" and "http.server" in said, said
+        assert await asyncio.to_thread(port_forwarded, consumer, work, name) == hello
+
+        # the gateway pod deleted: its Deployment makes another (a new address); the route agent
+        # routes to it, the tunnel comes back, and the call goes through again
+        old_gateway = gateway_pod(consumer)
+        consumer.kubectl("-n", SYSTEM_NAMESPACE, "delete", "pod", old_gateway["metadata"]["name"])
+        consumer.kubectl("-n", SYSTEM_NAMESPACE, "rollout", "status", "deploy/gpuferry-gateway",
+                         "--timeout=90s")  # fmt: skip
+        new_gateway = gateway_pod(consumer)
+        assert new_gateway["metadata"]["name"] != old_gateway["metadata"]["name"]
+        assert fetch(consumer, f"http://{remapped}:8080/", attempts=60) == hello
+        routes = await asyncio.to_thread(node_routes, consumer)
+        assert f"10.64.0.0/16 via {new_gateway['status']['podIP']}" in routes, routes
+
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
     finally:
         consumer.kubectl("delete", "namespace", work, "--wait=false")
+        consumer.kubectl("-n", "default", "delete", "pod", "client", "--wait=false", check=False)
     await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
+    # the route agents took the peer's routes away with its PeerNetwork
+    for cluster in (consumer, provider):
+        routes = ""
+        for _ in range(30):
+            routes = await asyncio.to_thread(node_routes, cluster)
+            if "proto 71" not in routes:
+                break
+            await asyncio.sleep(1)
+        assert "proto 71" not in routes, routes
+
+    # a consumer installed without the network: peer says so at once, before any change
+    proc = gpuferry(consumer, tmp_path, "install", "--role", "consumer", "--cluster-id", "ml-eu",
+                    "--replicas", "2", "-f", str(local_values(consumer, tmp_path)),
+                    "--no-network")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    fabric = consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy,daemonset", "-o", "name",
+                              "-l", "app.kubernetes.io/component in (gateway,route-agent)")  # fmt: skip
+    assert fabric == ""
+    code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "1")
+    assert code == 1 and "gpuferry on the consumer runs no gateway" in err, err
+    assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
+
+
+def gateway_pod(cluster: LocalCluster) -> RawObject:
+    pods = json.loads(cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json",
+                                      "-l", "app.kubernetes.io/component=gateway"))["items"]  # fmt: skip
+    (live,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    return live  # type: ignore[no-any-return]
+
+
+def node_routes(cluster: LocalCluster) -> str:
+    """``ip route`` of the cluster's real node."""
+    netns = local_network(cluster.spec).node_netns
+    return subprocess.run(["ip", "-n", netns, "route"], capture_output=True, text=True, check=True).stdout
+
+
+def port_forwarded(cluster: LocalCluster, namespace: str, pod: str) -> str:
+    """GET / through ``kubectl port-forward`` to the pod's port 8080 (a free local port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    forward = subprocess.Popen(
+        [str(cluster.bin.kubectl), "--kubeconfig", str(cluster.spec.kubeconfig), "-n", namespace,
+         "port-forward", f"pod/{pod}", f"{port}:8080"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # kubectl says where it listens, or exits
+        assert "Forwarding from" in line, line
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as reply:
+            return str(reply.read().decode().strip())
+    finally:
+        forward.terminate()
+        forward.wait(10)
