@@ -31,6 +31,7 @@ __all__ = [
     "NetworkError",
     "NotFound",
     "PermanentError",
+    "ResourceNotServed",
     "ServerError",
     "TemporaryError",
     "Timeout",
@@ -85,6 +86,11 @@ class Forbidden(KubeError):
 
 class NotFound(KubeError):
     """404: the object (or its namespace, or the resource type) does not exist."""
+
+
+class ResourceNotServed(NotFound):
+    """404 on a *list*: the API server does not serve the resource type at all (a CRD not
+    installed, an API group turned off); a list in a namespace that does not exist is empty."""
 
 
 class Conflict(KubeError):

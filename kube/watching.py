@@ -29,7 +29,17 @@ import orjson
 
 from . import backoff
 from .clients import KubeClient
-from .errors import Gone, KubeError, TooManyRequests, Unreachable, from_exception, from_response, is_temporary
+from .errors import (
+    Gone,
+    KubeError,
+    NotFound,
+    ResourceNotServed,
+    TooManyRequests,
+    Unreachable,
+    from_exception,
+    from_response,
+    is_temporary,
+)
 from .objects import ObjectKey, RawObject, Resource
 from .settings import WatchSettings
 
@@ -91,8 +101,15 @@ async def _list(
     client: KubeClient, resource: Resource, namespace: str | None, label_selector: str | None,
     field_selector: str | None, settings: WatchSettings,
 ) -> tuple[str, list[RawObject]]:
-    listing = await client.list(resource, namespace, label_selector=label_selector,
-                                field_selector=field_selector, limit=settings.page_size)
+    try:
+        listing = await client.list(resource, namespace, label_selector=label_selector,
+                                    field_selector=field_selector, limit=settings.page_size)
+    except NotFound as exc:  # a list is never "not found" for lack of objects: the type is missing
+        served = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+        raise ResourceNotServed(
+            f"the API server does not serve {served} ({resource.api_version}): is its "
+            "CustomResourceDefinition installed?", status=exc.status, reason=exc.reason, body=exc.body,
+        ) from exc  # fmt: skip
     return str(listing["metadata"]["resourceVersion"]), listing["items"]
 
 

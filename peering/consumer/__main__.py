@@ -12,6 +12,7 @@ from typing import Any
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.entrypoints import add_runtime_arguments, leader_election_settings, probe_settings
+from kube.errors import KubeError
 from kube.leaderelection import LostLeadership
 from kube.logs import setup_logging
 from kube.settings import ClientSettings, LoggingSettings
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(_main(args, Path(args.kubeconfig).resolve() if args.kubeconfig else None, kubelet_pods))
     except LostLeadership as exc:  # a standby leads now; exit so that this one starts over as one
+        logging.getLogger("peering.consumer").error("%s; exiting", exc)
+        return 1
+    except KubeError as exc:  # a CRD not installed, RBAC not bound: one line, the pod's termination message
         logging.getLogger("peering.consumer").error("%s; exiting", exc)
         return 1
     return 0

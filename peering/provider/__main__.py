@@ -8,6 +8,7 @@ import logging
 
 from kube.clients import KubeClient
 from kube.entrypoints import add_runtime_arguments, leader_election_settings, probe_settings
+from kube.errors import KubeError
 from kube.leaderelection import LostLeadership
 from kube.logs import setup_logging
 from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(_main(args))
     except LostLeadership as exc:  # a standby leads now; exit so that this one starts over as one
+        logging.getLogger("peering.provider").error("%s; exiting", exc)
+        return 1
+    except KubeError as exc:  # a CRD not installed, RBAC not bound: one line, the pod's termination message
         logging.getLogger("peering.provider").error("%s; exiting", exc)
         return 1
     return 0

@@ -86,6 +86,7 @@ spec:
           image: {{ include "gpuferry.image" $root }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           command: ["python", "-m", {{ .module | quote }}]
+          terminationMessagePolicy: FallbackToLogsOnError   # kubectl describe shows why it stopped
           args:
             - --probe-bind-address=0.0.0.0
             - --probe-port={{ $root.Values.probes.port }}

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from kube.clients import KubeClient
-from kube.errors import Forbidden, NotFound
+from kube.errors import Forbidden, NotFound, ResourceNotServed
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
@@ -242,6 +242,16 @@ async def test_not_found_watch_is_raised(fake: FakeApi, client: KubeClient) -> N
             items.append(item)
             fake.faults.append(Fault(404, "NotFound"))
     assert summary(items) == ["ADDED:a", "Listed@101:a"]
+
+
+async def test_a_list_not_found_names_the_type_not_served(fake: FakeApi, client: KubeClient) -> None:
+    """A list is never 404 for want of objects: the type is missing (a CRD not installed)."""
+    fake.faults = [Fault(404, "NotFound")]
+    with pytest.raises(ResourceNotServed) as caught:
+        await collect(client, iterations=5)
+    assert isinstance(caught.value, NotFound)  # still a 404 to whoever handles those
+    assert "does not serve configmaps (v1): is its CustomResourceDefinition installed?" in str(caught.value)
+    assert len(fake.requests) == 1
 
 
 async def test_unreachable_server_is_retried_with_backoff(tmp_path: object, unused_tcp_port: int) -> None:
