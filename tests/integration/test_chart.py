@@ -114,6 +114,8 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
                 ("UDP", 31820, 31820), ("UDP", 31821, 31821)]  # fmt: skip
         else:
             assert ("Service", "gpuferry-gateway") not in by_name  # a consumer dials, it is not dialled
+            metrics = by_name["Service", "gpuferry-virtual-kubelet-metrics"]["spec"]
+            assert metrics["clusterIP"] == "None"  # every virtual kubelet's pod its own endpoint
         # every object as the API server validates it (server-side dry run, nothing is stored)
         consumer.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
         consumer.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
@@ -256,6 +258,17 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", "gf-vk-gpu-farm", "-o", "json")
     )
     assert deploy["metadata"]["ownerReferences"][0]["kind"] == "VirtualNode"
+    # its /metrics: an endpoint of the chart's headless Service for every virtual kubelet
+    metrics = "kubernetes.io/service-name=gpuferry-virtual-kubelet-metrics"
+    scraped: set[str] = set()
+    for _ in range(30):  # the EndpointSlice controller follows the pod within moments
+        slices = json.loads(consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "endpointslices", "-o", "json",
+                                             "-l", metrics))  # fmt: skip
+        scraped = {a for es in slices["items"] for e in es.get("endpoints") or [] for a in e["addresses"]}
+        if kubelet["status"]["podIP"] in scraped:
+            break
+        await asyncio.sleep(1)
+    assert kubelet["status"]["podIP"] in scraped, scraped
     # the Node reports the pod's address: the API server dials the kubelet API there
     addresses = {a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"}
     assert addresses == {kubelet["status"]["podIP"]}, addresses
