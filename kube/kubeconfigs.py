@@ -154,6 +154,8 @@ def load_kubeconfig(path: str | os.PathLike[str], context: str | None = None) ->
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a kubeconfig: not UTF-8 text (a binary file?)") from None
     return _connection(text, context, path)
 
 
@@ -165,15 +167,21 @@ def load_kubeconfig_data(
     ``source`` names it in errors; file references are resolved against the current directory,
     so a kubeconfig kept in a Secret should embed its certificates (``*-data`` fields).
     """
-    text = data.decode() if isinstance(data, bytes) else data
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source} is not a kubeconfig: not UTF-8 text") from None
     return _connection(text, context, Path(source))
 
 
 def _connection(text: str, context: str | None, path: Path) -> Connection:
     try:
         config = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot read kubeconfig {path}: {exc}") from exc
+    except yaml.YAMLError as exc:  # one line: the problem and where, not the parser's context lines
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path} is not a kubeconfig: YAML error{where}: {problem}") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: not a kubeconfig")
     name = context or config.get("current-context")

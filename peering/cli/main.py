@@ -13,7 +13,7 @@ import sys
 import time
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -96,13 +96,21 @@ async def cmd_install(args: argparse.Namespace) -> int:
     return await install_cmds.cmd_install(args)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad flags are one ``error:`` line naming the command (the usage is for ``--help``); the
+    subcommands' parsers are of this class too (``add_subparsers`` makes them like their parent)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gpuferry",
         description="Lend GPUs across Kubernetes clusters: a provider grants a consumer a slice of its "
         "GPUs, which the consumer sees as a virtual node.",
     )
-    common = argparse.ArgumentParser(add_help=False)
+    common = OneLineParser(add_help=False)
     common.add_argument(
         "--kubeconfig",
         help="kubeconfig of the cluster to act on (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
@@ -130,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     install_sub = install.add_subparsers(dest="what", required=False, metavar="[crds]")
     # the same flags after `crds` as before it (gpuferry install --kubeconfig X crds): the
     # subcommand's own defaults must not overwrite what `install` already read
-    sub_common = argparse.ArgumentParser(add_help=False)
+    sub_common = OneLineParser(add_help=False)
     sub_common.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="as for install")
     sub_common.add_argument("--context", default=argparse.SUPPRESS, help="as for install")
     crds = install_sub.add_parser(

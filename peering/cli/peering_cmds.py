@@ -40,7 +40,7 @@ from kube.objects import (
 from kube.quantities import parse_quantity
 
 from .. import flow
-from ..clusterid import ClusterIDError, ensure_cluster_id, read_cluster_id
+from ..clusterid import ClusterIDError, ensure_cluster_id, read_cluster_id, validate_cluster_id
 from ..conditions import find_condition
 from ..consumer.builders import with_defaults
 from ..crds import ensure_crds
@@ -84,11 +84,39 @@ def requested_resources(args: argparse.Namespace) -> dict[str, str]:
     for key, value in parse_pairs(args.resource, "--resource").items():
         out[key] = value
     for key, value in out.items():
+        if not LABEL_KEY.match(key):
+            raise UserError(f"--resource {key!r}: not a resource name (e.g. nvidia.com/gpu, cpu, memory)")
         try:
-            parse_quantity(value)
+            amount = parse_quantity(value)
         except ValueError:
             raise UserError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)") from None
+        if amount < 0:
+            raise UserError(f"{key}: {value!r} is negative: ask for a quantity of 0 or more")
+        if "/" in key and "." in key.split("/")[0] and amount != int(amount):
+            # extended resources (nvidia.com/gpu, ...) are whole units: Kubernetes refuses 0.5 of one
+            raise UserError(f"{key}: {value!r} is not a whole number: {key} comes in whole units")
     return with_defaults(out)  # what the consumer's controller would fill in: shown before it asks
+
+
+def check_selector(selector: dict[str, str]) -> dict[str, str]:
+    """``--selector`` pairs as a nodeSelector: label keys and values Kubernetes accepts."""
+    for key, value in selector.items():
+        if not LABEL_KEY.match(key):
+            raise UserError(f"--selector {key}={value}: {key!r} is not a valid label key")
+        if value and not LABEL_VALUE.match(value):
+            raise UserError(f"--selector {key}={value}: {value!r} is not a valid label value (letters, "
+                            "digits, '-', '_', '.'; at most 63; alphanumeric at both ends)")  # fmt: skip
+    return selector
+
+
+def check_cluster_ids(args: argparse.Namespace) -> None:
+    """``--cluster-id`` and ``--remote-cluster-id``, before anything is sent."""
+    for flag, value in (("--cluster-id", args.cluster_id), ("--remote-cluster-id", args.remote_cluster_id)):
+        if value is not None:
+            try:
+                validate_cluster_id(value)
+            except ClusterIDError as exc:
+                raise UserError(f"{flag}: {exc}") from None
 
 
 def foreign_cluster(
@@ -336,8 +364,9 @@ def parse_tolerations(values: list[str] | None) -> list[dict[str, str]]:
 
 async def cmd_peer(args: argparse.Namespace) -> int:
     resources = requested_resources(args)
-    selector = parse_pairs(args.selector, "--selector")
+    selector = check_selector(parse_pairs(args.selector, "--selector"))
     tolerations = parse_tolerations(args.tolerate)
+    check_cluster_ids(args)
     if not args.remote_kubeconfig:
         raise UserError("give the provider's kubeconfig: --remote-kubeconfig PATH")
     progress = Progress(args.quiet)
@@ -519,9 +548,28 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         KubeClient.from_config(args.kubeconfig, context=args.context) as consumer,
         KubeClient.from_config(args.remote_kubeconfig, context=args.remote_context) as provider,
     ):
+        if consumer.base_url == provider.base_url:
+            raise UserError("--kubeconfig and --remote-kubeconfig lead to the same API server")
         consumer_id, provider_id = await read_cluster_id(consumer), await read_cluster_id(provider)
         if consumer_id is None or provider_id is None:
             raise UserError("these clusters were never peered by gpuferry (no cluster ID recorded)")
+        if consumer_id == provider_id:
+            raise UserError(f"both clusters have the cluster ID {consumer_id}: they are not a consumer and "
+                            "its provider")  # fmt: skip
+        # nothing is removed that this peering cannot be shown to own: the consumer's ForeignCluster
+        # for the provider, or the provider's Tenant for the consumer, must be there
+        if not (await _exists(consumer, FOREIGNCLUSTERS, provider_id, None)
+                or await _exists(provider, TENANTS, consumer_id, tenant_namespace(consumer_id))):  # fmt: skip
+            for cid, peer in ((consumer_id, provider_id), (provider_id, consumer_id)):  # this pair's, by name
+                gateway = find_agent("gateway", f"{cid}-{peer}")
+                if gateway is not None:
+                    await asyncio.to_thread(stop_agent, gateway)
+            said = f"{consumer_id} and {provider_id} are not peered: nothing to undo"
+            progress.step(f"no ForeignCluster {provider_id} on the consumer, no Tenant {consumer_id} on the "
+                          "provider: nothing removed")  # fmt: skip
+            emit({"consumer": consumer_id, "provider": provider_id, "removed": []}, args.output,
+                 lambda console: console.print(said))  # fmt: skip
+            return 0
         await resolve_agents(args, consumer, provider, progress)
         if args.agents == "local":  # the consumer agent undoes the peering on this side: it must run
             ensure_agent("consumer", consumer_id, args.kubeconfig)
@@ -596,7 +644,7 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _exists(client: KubeClient, resource: Resource, name: str, namespace: str) -> bool:
+async def _exists(client: KubeClient, resource: Resource, name: str, namespace: str | None) -> bool:
     try:
         await client.get(resource, name, namespace)
     except NotFound:
