@@ -69,6 +69,11 @@ def consumer_username(consumer_id: str) -> str:
     return USERNAME_PREFIX + consumer_id
 
 
+def is_system_namespace(name: str) -> bool:
+    """A consumer namespace whose pods are never offloaded (the cluster's own and gpuferry's)."""
+    return name.startswith(_RESERVED_PREFIXES)
+
+
 def is_reserved_namespace(name: str) -> bool:
     """System and gpuferry namespaces a twin namespace may never be."""
     return name in _RESERVED_NAMES or name.startswith(_RESERVED_PREFIXES)

@@ -37,7 +37,7 @@ from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition
 from ..crds import ensure_crds
-from ..resources import NAMESPACEOFFLOADINGS
+from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from ..virtualnodes import VIRTUALNODES
 from ..waits import wait_until
 from .common import Progress, UserError, delete_and_wait, emit
@@ -162,6 +162,9 @@ async def _wait_offloaded(consumer: KubeClient, ns: str, generation: int, timeou
 async def cmd_offload(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     ns = args.namespace
+    if is_system_namespace(ns):  # before anything is sent: nothing to undo afterwards
+        raise UserError(f"{ns} is a system namespace (kube-*, gpuferry-*, openshift-*): its pods are not "
+                        "offloaded; offload the namespace your workloads run in")  # fmt: skip
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as consumer:
         try:
             await consumer.get(NAMESPACES, ns)

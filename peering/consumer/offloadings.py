@@ -44,7 +44,7 @@ from kube.reconciling import Requeue
 from ..admission import OFFLOADING_NAME, admission_binding, admission_policy
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition, set_condition
-from ..resources import NAMESPACEOFFLOADINGS
+from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from .builders import FIELD_MANAGER
 from .providers import ProviderClients, identity_data
 
@@ -127,6 +127,10 @@ class NamespaceOffloadingReconciler:
         consumer_id = await read_cluster_id(self.consumer)
         if meta(obj).get("deletionTimestamp"):
             return await self._release(obj, consumer_id)
+        if is_system_namespace(key.namespace):  # never asked of a provider: nothing left there
+            said = f"{key.namespace} is a system namespace: its pods are not offloaded"
+            await self._refuse(obj, consumer_id, said)
+            return None
         if FINALIZER not in (meta(obj).get("finalizers") or []):
             finalizers = [*(meta(obj).get("finalizers") or []), FINALIZER]
             obj = await self.consumer.patch(
@@ -174,6 +178,20 @@ class NamespaceOffloadingReconciler:
                 self.consumer, NAMESPACEOFFLOADINGS, obj, {**obj, "status": status}, subresource="status"
             )
         return Requeue(1.0 if phase == "Pending" else self.resync_seconds)
+
+    async def _refuse(self, obj: RawObject, consumer_id: str | None, message: str) -> None:
+        """Failed at once, asking no provider (and withdrawing what an earlier version asked)."""
+        for entry in (obj.get("status") or {}).get("remoteNamespaces") or []:
+            await self._withdraw(entry["clusterID"], consumer_id, meta(obj)["namespace"])
+        status: dict[str, Any] = {**(obj.get("status") or {}), "phase": "Failed", "remoteNamespaces": []}
+        status["conditions"] = set_condition(
+            status.get("conditions"), "Ready", False, "NamespaceReserved", message,
+            generation=meta(obj).get("generation"),
+        )  # fmt: skip
+        with contextlib.suppress(NotFound):
+            await patch_changes(
+                self.consumer, NAMESPACEOFFLOADINGS, obj, {**obj, "status": status}, subresource="status"
+            )
 
     async def _admission(self) -> None:
         for resource, body in (

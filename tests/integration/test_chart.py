@@ -610,6 +610,11 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
                 break
             await asyncio.sleep(1)
         assert "proto 71" not in routes, routes
+    # unpeer again: nothing shows the pair still peered (no ForeignCluster, no Tenant), so it
+    # touches nothing and says so
+    again = json.loads(await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
+                                    "-o", "json"))  # fmt: skip
+    assert again == {"consumer": "ml-eu", "provider": "gpu-farm", "removed": []}
 
     # a consumer installed without the network: peer says so at once, before any change
     proc = gpuferry(consumer, tmp_path, "install", "--role", "consumer", "--cluster-id", "ml-eu",

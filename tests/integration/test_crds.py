@@ -386,6 +386,26 @@ REFUSALS: list[tuple[str, Callable[[], Obj], list[str]]] = [
         ["spec.resources", "resource names must look like cpu, memory, pods or nvidia.com/gpu"],
     ),
     (
+        "slice-without-consumer",
+        lambda: without("GPUSlice", "spec", "consumerClusterID"),
+        ["spec.consumerClusterID: Required value"],
+    ),
+    (
+        "slice-half-a-gpu",
+        lambda: example("GPUSlice", resources={"nvidia.com/gpu": "0.5", "cpu": "4"}),
+        ["spec.resources", "extended resources such as nvidia.com/gpu come in whole units"],
+    ),
+    (
+        "slice-selector-key-with-a-space",
+        lambda: example("GPUSlice", nodeSelector={"a b": "x"}),
+        ["spec.nodeSelector", "node selector keys must be label keys"],
+    ),
+    (
+        "slice-selector-value-not-a-label-value",
+        lambda: example("GPUSlice", nodeSelector={"a": "("}),
+        ["spec.nodeSelector", "node selector values must be label values"],
+    ),
+    (
         "slice-allowPartial-not-bool",
         lambda: example("GPUSlice", allowPartial="yes"),
         ['spec.allowPartial: Invalid value: "string": spec.allowPartial in body must be of type boolean'],

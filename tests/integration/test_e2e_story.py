@@ -24,8 +24,10 @@ from kube.objects import (
     CLUSTERROLEBINDINGS,
     CONFIGMAPS,
     CSRS,
+    FOREIGNCLUSTERS,
     JOBS,
     MUTATINGADMISSIONPOLICIES,
+    NAMESPACEOFFLOADINGS,
     NAMESPACES,
     NODES,
     PODS,
@@ -309,6 +311,24 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             await me.create(PODS, gpu_pod("greedy", 5), twin_ns)
         await me.list(PODS, twin_ns)  # what it may do, it can
 
+        # a NamespaceOffloading written by hand in kube-system: Failed at once, no provider asked
+        system = {"apiVersion": NAMESPACEOFFLOADINGS.api_version, "kind": NAMESPACEOFFLOADINGS.kind,
+                  "metadata": {"name": "offloading", "namespace": "kube-system"}, "spec": {}}  # fmt: skip
+        await consumer_client.create(NAMESPACEOFFLOADINGS, system, "kube-system")
+        try:
+            refused = await wait_for(consumer_client, NAMESPACEOFFLOADINGS, "offloading",
+                                     lambda o: (o.get("status") or {}).get("phase") == "Failed",
+                                     namespace="kube-system", timeout=30)  # fmt: skip
+            assert (condition(refused, "Ready") or {}).get("reason") == "NamespaceReserved", refused["status"]
+            asked = (await provider_client.list(NAMESPACEOFFLOADINGS, "gpuferry-tenant-ml-eu"))["items"]
+            assert "kube-system" not in {(r.get("spec") or {}).get("originNamespace") for r in asked}
+        finally:
+            await consumer_client.delete(NAMESPACEOFFLOADINGS, "offloading", "kube-system")
+        # unpeer with the consumer on both sides: refused before anything is touched
+        code, _, err = await cli("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.c)
+        assert code == 1 and "same API server" in err, err
+        await consumer_client.get(FOREIGNCLUSTERS, "gpu-farm")  # the peering is still there
+
         await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c)
         await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
         # revoked: the old certificate opens nothing any more
@@ -351,6 +371,8 @@ def gpu_pod(name: str, gpus: int) -> RawObject:
         (["peer", "--remote-kubeconfig", "/nonexistent", "--gpus", "1"], "/nonexistent"),
         (["offload", "namespace", "no-such-namespace"], "namespace no-such-namespace not found"),
         (["unoffload", "namespace", "default"], "namespace default is not offloaded"),
+        (["unpeer", "--remote-kubeconfig", "{c}"], "same API server"),
+        (["offload", "namespace", "kube-system"], "kube-system is a system namespace"),
         (["info", "peer", "nobody"], "no peer called 'nobody'"),
         (["info", "nobody"], "usage: gpuferry info [peer NAME]"),
         # the provider's API server is down (or a wrong address): said, not a traceback
