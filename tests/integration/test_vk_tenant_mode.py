@@ -29,7 +29,7 @@ from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.metrics import REGISTRY
-from kube.objects import CSRS, GPUSLICES, NAMESPACES, NODES, PODS, ROLEBINDINGS, ROLES, RawObject
+from kube.objects import CSRS, EVENTS, GPUSLICES, NAMESPACES, NODES, PODS, ROLEBINDINGS, ROLES, RawObject
 from peering.crds import ensure_crds
 from vk.app import run
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY
@@ -303,6 +303,25 @@ async def test_a_scoped_identity_runs_pods_in_granted_twin_namespaces_only(
         assert not task.done()
         # nothing it did needed more than the tenant's rights: no request was refused
         assert forbidden() == forbidden_before
+
+        # a pod the provider's admission refuses (Pod Security baseline on the twin namespace, as
+        # the provider controller labels it): it fails on the consumer in the provider's words
+        await provider_client.patch(NAMESPACES, twin_ns, {"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": "baseline"}}})  # fmt: skip
+        root = gpu_pod("root", node, 1)
+        root["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        await consumer_client.create(PODS, root, ns)
+        refused = await wait_for(consumer_client, PODS, "root", reason_is("ProviderRejected"),
+                                 namespace=ns, timeout=30)  # fmt: skip
+        assert refused["status"]["phase"] == "Failed"
+        assert "violates PodSecurity" in refused["status"]["message"], refused["status"]
+        assert "privileged" in refused["status"]["message"]
+        events = (await consumer_client.list(EVENTS, namespace=ns,
+                                             field_selector="involvedObject.name=root"))["items"]  # fmt: skip
+        assert [e["reason"] for e in events].count("ProviderRejected") == 1, events
+        with contextlib.suppress(NotFound):
+            await provider_client.get(PODS, "root", twin_ns)
+            raise AssertionError("no twin was made of a refused pod")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, Forbidden, NotFound
+from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -55,6 +55,7 @@ REASON_DELETED = "ProviderPodDeleted"
 REASON_NO_FIT = "ProviderCapacity"
 REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 REASON_QUOTA = "ProviderQuotaExceeded"
+REASON_REJECTED = "ProviderRejected"
 QUOTA_RETRY_SECONDS = 5.0
 LISTING_RETRY_SECONDS = 0.5
 """How soon a pod whose namespace's twins are not listed yet is looked at again."""
@@ -195,9 +196,16 @@ class PodReflector:
             await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:
             return Requeue(1.0)  # our cache is behind: look again once the watch caught up
+        except Invalid as exc:  # the provider's API server refuses the twin as it is: it never will run
+            await self._reject(local, str(exc.message), log)
+            return None
         except Forbidden as exc:
+            if "cannot create resource" in exc.message:
+                raise  # RBAC: the tenant's role may not be bound yet; retried with backoff
             if "exceeded quota" not in str(exc):
-                raise  # RBAC or Pod Security: permanent until someone changes something
+                # admission (Pod Security, a policy): the pod as written never runs there; say why
+                await self._reject(local, str(exc.message), log)
+                return None
             # the provider's quota (our grant, as the API server enforces it) is full for now:
             # wait, as a kubelet waits for room, and say so on the consumer pod
             await self._hold(local, REASON_QUOTA, f"the provider's quota for this tenant is full: {exc}", log)
@@ -231,6 +239,25 @@ class PodReflector:
             )
             log.info("held: %s", message)
         await self._event(local, "Warning", reason, message)
+
+    async def _reject(self, local: RawObject, said: str, log: Any) -> None:
+        """The provider refuses the twin (Pod Security, an admission policy, validation): the pod
+        fails with the provider's own words, as a kubelet fails a pod it cannot admit."""
+        meta = local["metadata"]
+        message = f"provider {self.opts.provider_cluster_id} refused the pod: {said}"
+        status = {
+            "phase": "Failed",
+            "reason": REASON_REJECTED,
+            "message": message,
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": REASON_REJECTED, "lastTransitionTime": _now()},
+            ],
+        }
+        await self.consumer.patch(
+            PODS, meta["name"], {"status": status}, meta["namespace"], subresource="status"
+        )
+        await self._event(local, "Warning", REASON_REJECTED, message)
+        log.warning("%s", message)
 
     async def _report_deleted_twin(self, local: RawObject, log: Any) -> None:
         meta = local["metadata"]
