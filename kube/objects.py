@@ -41,6 +41,8 @@ __all__ = [
     "SERVICECIDRS",
     "SERVICES",
     "TENANTS",
+    "VALIDATINGADMISSIONPOLICIES",
+    "VALIDATINGADMISSIONPOLICYBINDINGS",
     "VIRTUALNODES",
     "ObjectKey",
     "RawObject",
@@ -169,6 +171,20 @@ MUTATINGADMISSIONPOLICYBINDINGS = Resource(
     "v1",
     "mutatingadmissionpolicybindings",
     "MutatingAdmissionPolicyBinding",
+    namespaced=False,
+)
+VALIDATINGADMISSIONPOLICIES = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicy",
+    namespaced=False,
+)
+VALIDATINGADMISSIONPOLICYBINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicyBinding",
     namespaced=False,
 )
 

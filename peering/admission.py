@@ -1,4 +1,5 @@
-"""The consumer's admission rule for offloaded namespaces, as a MutatingAdmissionPolicy.
+"""The consumer's admission rules for offloaded namespaces: a MutatingAdmissionPolicy for their
+pods, a ValidatingAdmissionPolicy for the NamespaceOffloadings themselves.
 
 A namespace is offloaded when it holds a ``NamespaceOffloading`` named ``offloading``. The
 policy takes that object as its parameter (a namespaced ``paramKind`` with no namespace in the
@@ -13,7 +14,12 @@ without one is left alone), and mutates every pod created there:
   ``gpuferry.io/provider`` is added — only when the pod has no required node affinity of its
   own, which is then left as the user wrote it.
 
-It runs inside the API server: no webhook server to deploy, secure or keep available, and the
+A ValidatingAdmissionPolicy refuses a NamespaceOffloading in a system namespace (``kube-*``,
+``gpuferry-*``, ``openshift-*``): the CRD's schema cannot see an object's namespace. It matches
+the consumer's objects only (a provider's requests, in its tenant namespaces, carry
+``spec.originNamespace``).
+
+They run inside the API server: no webhook server to deploy, secure or keep available, and the
 rule cannot be bypassed by a pod created while a gpuferry process is down. These builders are
 pure; the CLI and the controllers apply them with server-side apply.
 """
@@ -24,17 +30,33 @@ from typing import Any
 
 from kube import api
 from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, VIRTUAL_NODE_TAINT_KEY
+from kube.objects import (
+    MUTATINGADMISSIONPOLICIES,
+    MUTATINGADMISSIONPOLICYBINDINGS,
+    VALIDATINGADMISSIONPOLICIES,
+    VALIDATINGADMISSIONPOLICYBINDINGS,
+    Resource,
+)
+
+from .resources import SYSTEM_NAMESPACE_PREFIXES
 
 __all__ = [
     "BINDING_NAME",
     "OFFLOADING_NAME",
     "POLICY_NAME",
+    "SYSTEM_NAMESPACE_PREFIXES",
+    "VALIDATION_NAME",
     "admission_binding",
+    "admission_objects",
     "admission_policy",
+    "validation_binding",
+    "validation_policy",
 ]
 
 POLICY_NAME = "gpuferry-offloading"
 BINDING_NAME = "gpuferry-offloading"
+VALIDATION_NAME = "gpuferry-offloading-namespaces"
+_LABELS = {"gpuferry.io/managed-by": "gpuferry"}
 OFFLOADING_NAME = "offloading"
 """The name of the one NamespaceOffloading per offloaded namespace (the policy's parameter)."""
 
@@ -132,3 +154,55 @@ def admission_binding() -> dict[str, Any]:
             "paramRef": {"name": OFFLOADING_NAME, "parameterNotFoundAction": "Allow"},
         },
     }
+
+
+def validation_policy() -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy refusing a NamespaceOffloading in a system namespace."""
+    system = " || ".join(f"request.namespace.startsWith('{p}')" for p in SYSTEM_NAMESPACE_PREFIXES)
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": VALIDATION_NAME, "labels": dict(_LABELS)},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["offloading.gpuferry.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["namespaceoffloadings"],
+                    }
+                ]
+            },
+            # the consumer's objects: a provider's requests name their origin namespace
+            "matchConditions": [{"name": "consumer-side", "expression": "!has(object.spec.originNamespace)"}],
+            "failurePolicy": "Fail",
+            "validations": [
+                {
+                    "expression": f"!({system})",
+                    "messageExpression": "request.namespace + ' is a system namespace: its pods are not "
+                    "offloaded (kube-*, gpuferry-*, openshift-*)'",
+                    "reason": "Forbidden",
+                }
+            ],
+        },
+    }
+
+
+def validation_binding() -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": VALIDATION_NAME, "labels": dict(_LABELS)},
+        "spec": {"policyName": VALIDATION_NAME, "validationActions": ["Deny"]},
+    }
+
+
+def admission_objects() -> list[tuple[Resource, dict[str, Any]]]:
+    """Every admission object of the consumer, each policy before its binding."""
+    return [
+        (MUTATINGADMISSIONPOLICIES, admission_policy()),
+        (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
+        (VALIDATINGADMISSIONPOLICIES, validation_policy()),
+        (VALIDATINGADMISSIONPOLICYBINDINGS, validation_binding()),
+    ]

@@ -54,8 +54,10 @@ CONSUMER_NAMESPACE = SYSTEM_NAMESPACE
 CONSUMERS_GROUP = "gpuferry:consumers"
 USERNAME_PREFIX = "gpuferry:consumer:"
 
+SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gpuferry-", "openshift-")
+"""Namespaces of the cluster itself and of gpuferry: never offloaded, never a twin namespace."""
 # names a consumer may not take over with SameName mapping
-_RESERVED_PREFIXES = ("kube-", "gpuferry-", "openshift-")
+_RESERVED_PREFIXES = SYSTEM_NAMESPACE_PREFIXES
 _RESERVED_NAMES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 
 

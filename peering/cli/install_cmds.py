@@ -41,8 +41,6 @@ from kube.objects import (
     DAEMONSETS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
-    MUTATINGADMISSIONPOLICIES,
-    MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACES,
     NODES,
     PODS,
@@ -53,6 +51,7 @@ from kube.objects import (
 )
 
 from .. import netdiscovery
+from ..admission import admission_objects
 from ..clusterid import CLUSTER_ID_CONFIGMAP, ClusterIDError, choose_cluster_id, read_cluster_id
 from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
@@ -522,8 +521,8 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
             progress.note(f"no helm release {RELEASE} in {args.namespace}")
         if args.force:  # nothing runs our finalizers any more
             await _drop_finalizers(client, args.namespace)
-        for resource in (MUTATINGADMISSIONPOLICYBINDINGS, MUTATINGADMISSIONPOLICIES):
-            # the offloading admission policy, made by the consumer's agent, not by the chart
+        for resource, _ in reversed(admission_objects()):
+            # the offloading admission policies, made by the consumer's agent, not by the chart
             ours = (await client.list(resource, label_selector="gpuferry.io/managed-by=gpuferry"))["items"]
             for obj in ours:
                 with contextlib.suppress(NotFound):

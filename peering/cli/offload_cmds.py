@@ -25,15 +25,13 @@ from kube.api import PROVIDER_LABEL
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import (
-    MUTATINGADMISSIONPOLICIES,
-    MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACES,
     PODS,
     RawObject,
 )
 
 from .. import flow
-from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
+from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_objects
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition
 from ..crds import ensure_crds
@@ -46,10 +44,7 @@ __all__ = ["add_parsers"]
 
 
 async def ensure_admission(client: KubeClient) -> None:
-    for resource, body in (
-        (MUTATINGADMISSIONPOLICIES, admission_policy()),
-        (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
-    ):
+    for resource, body in admission_objects():
         await client.patch(
             resource,
             body["metadata"]["name"],

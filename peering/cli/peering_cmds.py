@@ -28,8 +28,6 @@ from kube.objects import (
     CONFIGMAPS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
-    MUTATINGADMISSIONPOLICIES,
-    MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACES,
     NODES,
     PEERNETWORKS,
@@ -660,14 +658,12 @@ async def _peered_anywhere(client: KubeClient) -> bool:
 async def _forget_cluster(client: KubeClient, side: str, *, admission: bool) -> list[str]:
     """Remove what only existed for peerings: the admission policy (consumer) and the
     ``gpuferry-system`` namespace with the cluster ID (both sides)."""
-    from ..admission import BINDING_NAME, POLICY_NAME
+    from ..admission import admission_objects
 
     removed = []
     if admission:
-        for resource, name in (
-            (MUTATINGADMISSIONPOLICYBINDINGS, BINDING_NAME),
-            (MUTATINGADMISSIONPOLICIES, POLICY_NAME),
-        ):
+        for resource, body in reversed(admission_objects()):  # bindings before their policies
+            name = body["metadata"]["name"]
             with contextlib.suppress(NotFound):
                 await client.delete(resource, name)
                 removed.append(f"{side}: {resource.kind}/{name}")

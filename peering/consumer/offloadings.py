@@ -30,8 +30,6 @@ from kube.errors import AlreadyExists, KubeError, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.objects import (
-    MUTATINGADMISSIONPOLICIES,
-    MUTATINGADMISSIONPOLICYBINDINGS,
     PODS,
     ObjectKey,
     RawObject,
@@ -41,7 +39,7 @@ from kube.objects import (
 from kube.patching import patch_changes
 from kube.reconciling import Requeue
 
-from ..admission import OFFLOADING_NAME, admission_binding, admission_policy
+from ..admission import OFFLOADING_NAME, admission_objects
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition, set_condition
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
@@ -194,10 +192,7 @@ class NamespaceOffloadingReconciler:
             )
 
     async def _admission(self) -> None:
-        for resource, body in (
-            (MUTATINGADMISSIONPOLICIES, admission_policy()),
-            (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
-        ):
+        for resource, body in admission_objects():
             await self.consumer.patch(
                 resource,
                 body["metadata"]["name"],

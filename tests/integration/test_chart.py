@@ -402,7 +402,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
 def gpuferry_objects(cluster: LocalCluster) -> list[str]:
     """What of gpuferry's is left outside its CRDs: its namespace, cluster-wide RBAC, webhooks."""
     names = cluster.kubectl("get", "clusterroles,clusterrolebindings,mutatingadmissionpolicies,"
-                            "mutatingadmissionpolicybindings", "-o", "name").split()  # fmt: skip
+                            "mutatingadmissionpolicybindings,validatingadmissionpolicies,"
+                            "validatingadmissionpolicybindings", "-o", "name").split()  # fmt: skip
     # (the local clusters' own bootstrap RBAC is named gpuferry:…: part of the cluster, not ours)
     left = [n for n in names if "gpuferry" in n and "/gpuferry:" not in n]
     if cluster.kubectl("get", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "-o", "name"):

@@ -36,7 +36,7 @@ from kube.api import SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import FOREIGNCLUSTERS, LEASES, NAMESPACES, NODES, PEERNETWORKS, PODS, RawObject
-from peering.admission import BINDING_NAME, POLICY_NAME
+from peering.admission import BINDING_NAME, POLICY_NAME, VALIDATION_NAME
 from peering.clusterid import read_cluster_id
 from peering.consumer.app import LEASE_NAME as CONSUMER_LEASE
 from peering.provider.builders import peering_token_manifests
@@ -260,6 +260,8 @@ async def peers(
     await wait_for_deletion(provider_client, NAMESPACES, tenant_namespace(consumer_id), None, timeout=120)
     consumer.kubectl("delete", "mutatingadmissionpolicybinding", BINDING_NAME, "--ignore-not-found")
     consumer.kubectl("delete", "mutatingadmissionpolicy", POLICY_NAME, "--ignore-not-found")
+    consumer.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                     VALIDATION_NAME, "--ignore-not-found")  # fmt: skip
 
 
 def _api_server(cluster: LocalCluster) -> tuple[str, str]:

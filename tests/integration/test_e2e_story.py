@@ -33,6 +33,8 @@ from kube.objects import (
     PODS,
     RESOURCEQUOTAS,
     SECRETS,
+    VALIDATINGADMISSIONPOLICIES,
+    VALIDATINGADMISSIONPOLICYBINDINGS,
     RawObject,
     Resource,
 )
@@ -102,6 +104,8 @@ async def snapshot(consumer: KubeClient, provider: KubeClient) -> dict[str, set[
         "consumer namespaces": await names(consumer, NAMESPACES),
         "consumer nodes": await names(consumer, NODES),
         "consumer admission policies": await names(consumer, MUTATINGADMISSIONPOLICIES),
+        "consumer validating policies": await names(consumer, VALIDATINGADMISSIONPOLICIES),
+        "consumer validating bindings": await names(consumer, VALIDATINGADMISSIONPOLICYBINDINGS),
     }
 
 
@@ -311,9 +315,13 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             await me.create(PODS, gpu_pod("greedy", 5), twin_ns)
         await me.list(PODS, twin_ns)  # what it may do, it can
 
-        # a NamespaceOffloading written by hand in kube-system: Failed at once, no provider asked
+        # a NamespaceOffloading written by hand in kube-system: the API server refuses it ...
         system = {"apiVersion": NAMESPACEOFFLOADINGS.api_version, "kind": NAMESPACEOFFLOADINGS.kind,
                   "metadata": {"name": "offloading", "namespace": "kube-system"}, "spec": {}}  # fmt: skip
+        with pytest.raises(Forbidden, match="kube-system is a system namespace: its pods are not offloaded"):
+            await consumer_client.create(NAMESPACEOFFLOADINGS, system, "kube-system")
+        # ... and where the policy is missing, the consumer agent fails it, asking no provider
+        await consumer_client.delete(VALIDATINGADMISSIONPOLICYBINDINGS, "gpuferry-offloading-namespaces")
         await consumer_client.create(NAMESPACEOFFLOADINGS, system, "kube-system")
         try:
             refused = await wait_for(consumer_client, NAMESPACEOFFLOADINGS, "offloading",
