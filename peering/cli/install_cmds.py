@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -81,6 +82,12 @@ def chart_dir() -> Path:
     return Path(__file__).parents[1] / "chart"
 
 
+def _version_key(path: str) -> tuple[int, ...]:
+    """``…/helm-v3.21.4/bin/helm`` -> (3, 21, 4). Pure."""
+    folder = Path(path).parent.parent.name
+    return tuple(int(n) for n in re.findall(r"\d+", folder))
+
+
 def find_helm(flag: str | None) -> str:
     """``--helm``, ``$GPUFERRY_HELM``, ``helm`` on PATH, or the one ``make build-k8s`` built."""
     for candidate in (flag, os.environ.get("GPUFERRY_HELM")):
@@ -91,9 +98,9 @@ def find_helm(flag: str | None) -> str:
     if on_path := shutil.which("helm"):
         return on_path
     cache = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
-    built = sorted(glob.glob(str(cache / "helm-*" / "bin" / "helm")))
+    built = sorted(glob.glob(str(cache / "helm-*" / "bin" / "helm")), key=_version_key)
     if built:
-        return built[-1]
+        return built[-1]  # the newest: helm-v3.21.4 after helm-v3.9.0, which a text sort puts last
     raise UserError(
         "no helm binary: give --helm PATH, set $GPUFERRY_HELM, put helm on PATH, "
         "or build one with `make build-k8s`"

@@ -128,11 +128,13 @@ def test_helm_is_found_or_the_error_says_how_to_get_one(
         find_helm(None)
     with pytest.raises(UserError, match="is not an executable file"):
         find_helm(str(tmp_path / "nope"))
-    built = tmp_path / "cache" / "helm-v3.21.4" / "bin" / "helm"
-    built.parent.mkdir(parents=True)
-    built.write_text("#!/bin/sh\n")
-    built.chmod(built.stat().st_mode | stat.S_IXUSR)
-    assert find_helm(None) == str(built)
+    for version in ("v3.9.0", "v3.21.4", "v3.10.2"):
+        built = tmp_path / "cache" / f"helm-{version}" / "bin" / "helm"
+        built.parent.mkdir(parents=True)
+        built.write_text("#!/bin/sh\n")
+        built.chmod(built.stat().st_mode | stat.S_IXUSR)
+    # the newest build wins (a text sort would take v3.9.0)
+    assert find_helm(None) == str(tmp_path / "cache" / "helm-v3.21.4" / "bin" / "helm")
 
 
 def gpuferry(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
