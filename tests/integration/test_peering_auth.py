@@ -372,7 +372,8 @@ async def test_twin_pods_outside_the_grant_occupy_their_node(
         await provider_client.create(GPUSLICES, {
             "apiVersion": GPUSLICES.api_version, "kind": GPUSLICES.kind,
             "metadata": {"name": "all", "namespace": tenant_namespace(rival)},
-            "spec": {"resources": {"nvidia.com/gpu": 64}, "nodeSelector": L4, "allowPartial": True}})
+            "spec": {"consumerClusterID": rival, "resources": {"nvidia.com/gpu": 64}, "nodeSelector": L4,
+                     "allowPartial": True}})  # fmt: skip
         decided = await wait_for(provider_client, GPUSLICES, "all",
                                  lambda s: (s.get("status") or {}).get("phase") == "PartiallyGranted",
                                  namespace=tenant_namespace(rival))
