@@ -315,11 +315,19 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             await me.create(PODS, gpu_pod("greedy", 5), twin_ns)
         await me.list(PODS, twin_ns)  # what it may do, it can
 
+        # unpeer with the consumer on both sides: refused before anything is touched
+        code, _, err = await cli("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.c)
+        assert code == 1 and "same API server" in err, err
+        await consumer_client.get(FOREIGNCLUSTERS, "gpu-farm")  # the peering is still there
+
+        await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c)
         # a NamespaceOffloading written by hand in kube-system: the API server refuses it ...
         system = {"apiVersion": NAMESPACEOFFLOADINGS.api_version, "kind": NAMESPACEOFFLOADINGS.kind,
                   "metadata": {"name": "offloading", "namespace": "kube-system"}, "spec": {}}  # fmt: skip
         with pytest.raises(Forbidden, match="kube-system is a system namespace: its pods are not offloaded"):
             await consumer_client.create(NAMESPACEOFFLOADINGS, system, "kube-system")
+        # (after the unoffload: no offloading of this cluster is left whose reconcile would
+        # apply the policy again, as the consumer agent does, while the test has it deleted)
         # ... and where the policy is missing, the consumer agent fails it, asking no provider
         await consumer_client.delete(VALIDATINGADMISSIONPOLICYBINDINGS, "gpuferry-offloading-namespaces")
         for _ in range(60):  # the API server stops enforcing a deleted binding within moments
@@ -339,12 +347,6 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             assert "kube-system" not in {(r.get("spec") or {}).get("originNamespace") for r in asked}
         finally:
             await consumer_client.delete(NAMESPACEOFFLOADINGS, "offloading", "kube-system")
-        # unpeer with the consumer on both sides: refused before anything is touched
-        code, _, err = await cli("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.c)
-        assert code == 1 and "same API server" in err, err
-        await consumer_client.get(FOREIGNCLUSTERS, "gpu-farm")  # the peering is still there
-
-        await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c)
         await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
         # revoked: the old certificate opens nothing any more
         for attempt in (me.list(PODS, twin_ns), me.list(SECRETS, "gpuferry-tenant-ml-eu")):
