@@ -6,7 +6,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["find_condition", "now_rfc3339", "set_condition"]
+__all__ = ["CHANGE_REFUSED", "find_condition", "now_rfc3339", "set_condition"]
+
+CHANGE_REFUSED = "ChangeRefused"
+"""SliceGranted's reason when the provider refused the slice's new spec and kept the grant before it."""
 
 
 def now_rfc3339() -> str:

@@ -13,7 +13,7 @@ from kube.clients import KubeClient
 from kube.objects import FOREIGNCLUSTERS, RawObject
 from kube.watching import Listed, watch_objects
 
-from ..conditions import find_condition
+from ..conditions import CHANGE_REFUSED, find_condition
 from ..network import FAILED_REASONS
 from .common import UserError
 
@@ -62,10 +62,8 @@ class Follower:
                     on_step(step, fc)
                 continue
             reason = str(cond.get("reason"))
-            if (
-                step == "SliceGranted"
-                and ((fc.get("status") or {}).get("slice") or {}).get("phase") == "Denied"
-            ):
+            slice_phase = ((fc.get("status") or {}).get("slice") or {}).get("phase")
+            if step == "SliceGranted" and (slice_phase == "Denied" or reason == CHANGE_REFUSED):
                 raise StepFailed(step, reason, str(cond.get("message")), fc)
             if reason in TERMINAL.get(step, ()):
                 raise StepFailed(step, reason, str(cond.get("message")), fc)

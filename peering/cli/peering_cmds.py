@@ -39,7 +39,7 @@ from kube.quantities import parse_quantity
 
 from .. import flow
 from ..clusterid import ClusterIDError, ensure_cluster_id, read_cluster_id, validate_cluster_id
-from ..conditions import find_condition
+from ..conditions import CHANGE_REFUSED, find_condition
 from ..consumer.builders import with_defaults
 from ..crds import ensure_crds
 from ..localagents import Agent, ensure_agent, exited, find_agent, stop_agent
@@ -447,6 +447,11 @@ async def cmd_peer(args: argparse.Namespace) -> int:
         try:
             done = await follower.until_done(on_step, timeout=args.timeout, also=deaths)
         except StepFailed as e:
+            if e.step == "SliceGranted" and e.reason == CHANGE_REFUSED:
+                raise UserError(
+                    f"{e.message} (nothing changed; run peer again with what the provider can grant)",
+                    EXIT_DENIED,
+                ) from None
             if e.step == "SliceGranted":
                 raise UserError(
                     f"the provider denied the GPU slice: {e.reason}: {e.message} "

@@ -85,12 +85,25 @@ def slice_decided(obj: RawObject) -> bool:
     return status.get("phase") in DECIDED and status.get("observedGeneration") == md.get("generation")
 
 
-def virtual_node_spec_from_grant(slice_obj: RawObject) -> dict[str, Any] | None:
-    """The VirtualNode fields a decided GPUSlice implies; None when nothing is granted (a denied
-    change leaves an existing node as it was: its pods keep running)."""
+def virtual_node_spec_from_grant(
+    slice_obj: RawObject, advertised: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The VirtualNode fields a decided GPUSlice implies: always the grant in force (a change the
+    provider refused keeps the grant before it, and the slice says so).
+
+    Withdrawn (Denied) while a virtual node advertises something (``advertised``: its spec):
+    every resource at zero, so that nothing more is scheduled there while the pods already
+    running stay. None when nothing is granted and there is no node."""
     status = slice_obj.get("status") or {}
     if status.get("phase") not in ("Granted", "PartiallyGranted") or not status.get("granted"):
-        return None
+        if status.get("phase") != "Denied" or not advertised or not advertised.get("resources"):
+            return None
+        zeros = dict.fromkeys((str(k) for k in advertised["resources"]), "0")
+        return {
+            "resources": zeros,
+            "shape": dict(zeros),  # not {}: server-side apply would make an empty map null
+            "labels": {str(k): str(v) for k, v in (advertised.get("labels") or {}).items()},
+        }
     return {
         "resources": {str(k): str(v) for k, v in status["granted"].items()},
         "shape": {str(k): str(v) for k, v in ((status.get("shape") or {}).get("largest") or {}).items()},

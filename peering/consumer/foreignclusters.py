@@ -54,7 +54,7 @@ from kube.patching import patch_changes
 from kube.reconciling import Requeue
 
 from ..clusterid import read_cluster_id
-from ..conditions import find_condition, set_condition
+from ..conditions import CHANGE_REFUSED, find_condition, set_condition
 from ..resources import GPUSLICES, TENANTS, identity_secret_name
 from .builders import (
     FIELD_MANAGER,
@@ -186,6 +186,9 @@ class ForeignClusterReconciler:
             body["metadata"]["resourceVersion"] = meta(current)["resourceVersion"]
             current = await tenant.replace(GPUSLICES, consumer_id, body, ns)
         status = current.get("status") or {}
+        refused = status.get("refusedChange")
+        if refused and refused.get("generation") != meta(current).get("generation"):
+            refused = None  # about an older spec
         if not slice_decided(current):
             raise Waiting("SliceGranted", "Pending", "the provider has not decided the slice yet", retry=2)
         result.status["slice"] = {
@@ -196,10 +199,18 @@ class ForeignClusterReconciler:
                 "largestBlock": (status.get("shape") or {}).get("largest"),
                 "reason": status.get("reason"),
                 "message": status.get("message"),
+                "refusedChange": refused and {k: refused.get(k) for k in ("reason", "message")},
             }.items()
             if v is not None
         }
-        if status.get("phase") == "Denied":
+        if refused:
+            granted = ", ".join(f"{k}={v}" for k, v in (status.get("granted") or {}).items()) or "nothing"
+            result.set(
+                "SliceGranted", False, CHANGE_REFUSED,
+                f"the provider refused the change ({refused.get('reason')}: {refused.get('message')}); "
+                f"the grant in force stays: {granted}",
+            )  # fmt: skip
+        elif status.get("phase") == "Denied":
             result.set(
                 "SliceGranted", False, str(status.get("reason") or "Denied"), str(status.get("message") or "")
             )
@@ -217,7 +228,8 @@ class ForeignClusterReconciler:
         result: Pass,
     ) -> None:
         existing = self.virtual_nodes.get(ObjectKey(SYSTEM_NAMESPACE, provider_id))
-        grant = virtual_node_spec_from_grant(decided) if decided is not None else None
+        advertised = (existing or {}).get("spec")
+        grant = virtual_node_spec_from_grant(decided, advertised) if decided is not None else None
         if grant is None and existing is None:
             raise Waiting("VirtualNodeReady", "NoGrant", "nothing is granted: no virtual node")
         if grant is not None:

@@ -5,8 +5,20 @@ One pass decides every slice of the provider together (:func:`allocate`), in a f
 and name), so that two tenants competing for the same GPUs can never be granted more than
 exists: each slice only sees what the slices before it left. Grants are sticky: a newcomer never
 takes capacity from a slice granted before; only lost capacity (a node cordoned, drained,
-deleted, or taken by the provider's own pods) shrinks a grant — and changing a slice's spec
-puts it back in line behind the holders.
+deleted, or taken by the provider's own pods) shrinks a grant.
+
+A grant is best effort, not a hard reservation against the provider's own workloads: when
+capacity is lost, the grant *shrinks* to what is still free on its nodes (``PartiallyGranted``,
+whatever ``allowPartial`` says: that flag is about the first answer), and it is withdrawn
+(``Denied``) only when nothing of a requested resource is left. The consumer sees the grant in
+force at once (its virtual node advertises ``status.granted``); running twins are never evicted
+by a shrink, the provider's quota only stops new ones.
+
+Changing a granted slice's spec is a transaction. The grants in force are placed first
+(holders, then the grants in force of changed slices, kept on their nodes); then each changed
+slice tries its new spec with its own grant handed back. Granted: the new grant replaces the old
+one. Refused: the old grant stays in force, as it was, and the decision says why the change was
+refused (``Decision.refused``). Newcomers come last.
 
 A grant is a *reservation per node* (``shape.nodes``): a node's free capacity is its
 allocatable minus the requests of its non-terminated pods that are not twin pods (twin pods are
@@ -23,7 +35,7 @@ resource gets something), or denied with a reason (``NoMatchingNodes``, ``Insuff
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
@@ -86,6 +98,9 @@ class SliceRequest:
     created: str = ""
     holds_grant: bool = False
     """Granted (in full or in part) for its current spec in an earlier pass."""
+    in_force: Mapping[str, ResourceList] | None = None
+    """A changed slice's grant in force per node (``shape.nodes`` decided for its earlier spec)."""
+    in_force_labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[bool, str, str, str]:
@@ -104,6 +119,8 @@ class Decision:
     granted: ResourceList = field(default_factory=dict)
     nodes: Mapping[str, ResourceList] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    refused: tuple[str, str] | None = None
+    """The current spec was refused (reason, message); the grant above is the one in force."""
 
     @property
     def largest(self) -> ResourceList:
@@ -195,8 +212,13 @@ def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    holds = status.get("phase") in {"Granted", "PartiallyGranted"} \
-        and status.get("observedGeneration") == md.get("generation")
+    granted_now = status.get("phase") in _GRANTED_PHASES
+    refused_now = (status.get("refusedChange") or {}).get("generation") == md.get("generation")
+    holds = granted_now and status.get("observedGeneration") == md.get("generation") and not refused_now
+    in_force = None
+    if granted_now and not holds:  # what its earlier spec was granted, node by node
+        in_force = {str(e["name"]): parse_resource_list(e.get("free"))
+                    for e in (status.get("shape") or {}).get("nodes") or ()} or None
     return SliceRequest(
         namespace=str(md.get("namespace") or ""),
         name=str(md["name"]),
@@ -207,6 +229,8 @@ def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
         tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
         created=str(md.get("creationTimestamp") or ""),
         holds_grant=bool(holds),
+        in_force=in_force,
+        in_force_labels=dict(status.get("labels") or {}) if in_force is not None else {},
     )
 
 
@@ -313,7 +337,7 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
                            f"free {format_resource_list({r: granted[r]})[r]}" for r in short)
         where = f"on nodes matching {dict(req.node_selector)}" if req.node_selector else "on this provider"
         reason = _shortfall_reason(short)
-        if not req.allow_partial or any(granted[r] == 0 for r in req.resources):
+        if not (req.allow_partial or req.holds_grant) or any(granted[r] == 0 for r in req.resources):
             return Decision("Denied", reason, f"not enough free {where} ({detail})")
         phase, message = "PartiallyGranted", f"granted in part {where} ({detail})"
     else:
@@ -325,11 +349,77 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
     return Decision(phase, reason, message, granted, taken, _uniform_labels(used_nodes))
 
 
+def _keep(req: SliceRequest, remaining: dict[str, ResourceList]) -> Decision | None:
+    """A changed slice's grant in force, on its nodes, shrunk to what is left there; None when
+    nothing of a resource it holds is left."""
+    assert req.in_force is not None
+    taken: dict[str, ResourceList] = {}
+    held: ResourceList = {}
+    for node_name, amounts in sorted(req.in_force.items()):
+        _add_to(held, amounts)
+        if node_name not in remaining:  # no longer usable
+            continue
+        for res, amount in amounts.items():
+            take = min(amount, remaining[node_name].get(res, Decimal(0)))
+            if take > 0:
+                taken.setdefault(node_name, {})[res] = take
+    granted: ResourceList = {}
+    for amounts in taken.values():
+        _add_to(granted, amounts)
+    if not held or any(granted.get(res, Decimal(0)) == 0 for res, amount in held.items() if amount > 0):
+        return None
+    for node_name, amounts in taken.items():
+        for res, amount in amounts.items():
+            remaining[node_name][res] -= amount
+    phase = "Granted" if granted == {r: v for r, v in held.items() if v > 0} else "PartiallyGranted"
+    return Decision(phase, "GrantInForce", "the grant decided before the change", granted, taken,
+                    dict(req.in_force_labels))
+
+
+def _give_back(remaining: dict[str, ResourceList], decision: Decision) -> dict[str, ResourceList]:
+    out = {name: dict(free) for name, free in remaining.items()}
+    for node_name, amounts in decision.nodes.items():
+        _add_to(out[node_name], amounts)
+    return out
+
+
 def allocate(nodes: Sequence[NodeFree], requests: Iterable[SliceRequest]) -> dict[tuple[str, str], Decision]:
-    """Decide every slice, oldest first; the sum of all grants never exceeds what is free."""
+    """Decide every slice; the sum of all grants never exceeds what is free.
+
+    The grants in force first (holders, oldest first, and the kept grants of changed slices),
+    then each changed slice's new spec, with its own grant given back to it, then the newcomers,
+    oldest first."""
     remaining = {n.name: dict(n.free) for n in nodes}
     ordered = sorted(requests, key=lambda r: r.order)
-    return {(r.namespace, r.name): _decide(r, remaining, nodes) for r in ordered}
+    out: dict[tuple[str, str], Decision] = {}
+    kept: dict[tuple[str, str], Decision | None] = {}
+    for req in ordered:
+        if req.holds_grant:
+            out[(req.namespace, req.name)] = _decide(req, remaining, nodes)
+        elif req.in_force is not None:
+            kept[(req.namespace, req.name)] = _keep(req, remaining)
+    for req in ordered:
+        key = (req.namespace, req.name)
+        if key not in kept:
+            continue
+        in_force = kept[key]
+        if in_force is None:  # nothing of its grant left: it queues again like a newcomer
+            continue
+        trial = _give_back(remaining, in_force)
+        change = _decide(req, trial, nodes)
+        if change.phase != "Denied":
+            remaining = trial
+            out[key] = change
+        else:
+            out[key] = replace(in_force, reason="ChangeRefused",
+                               message=f"the change was refused ({change.reason}: {change.message}); "
+                                       "the grant decided before it stays in force",
+                               refused=(change.reason, change.message))
+    for req in ordered:
+        key = (req.namespace, req.name)
+        if key not in out:
+            out[key] = _decide(req, remaining, nodes)
+    return {(r.namespace, r.name): out[(r.namespace, r.name)] for r in ordered}
 
 
 def slice_status(decision: Decision) -> dict[str, Any]:

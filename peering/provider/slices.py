@@ -101,10 +101,20 @@ class PoolReconciler:
         status: dict[str, Any] = {**old_status, **slice_status(decision)}
         generation = meta(obj).get("generation")
         status["observedGeneration"] = generation or 0
-        accepted = decision.phase != "Denied"
-        conditions = set_condition(old_status.get("conditions"), "Accepted", accepted, decision.reason,
+        if decision.refused is not None:
+            # the current spec refused, the grant decided before it still in force: not accepted,
+            # not denied either (the consumer keeps what it had)
+            status["refusedChange"] = {"generation": generation or 0, "reason": decision.refused[0],
+                                       "message": decision.refused[1]}
+            accepted, denied = False, False
+        else:
+            status.pop("refusedChange", None)
+            accepted = decision.phase != "Denied"
+            denied = not accepted
+        reason = decision.refused[0] if decision.refused else decision.reason
+        conditions = set_condition(old_status.get("conditions"), "Accepted", accepted, reason,
                                    decision.message, generation=generation)
-        status["conditions"] = set_condition(conditions, "Denied", not accepted, decision.reason,
+        status["conditions"] = set_condition(conditions, "Denied", denied, reason,
                                              decision.message, generation=generation)
         if _same(old_status, status):
             return
@@ -124,7 +134,10 @@ class PoolReconciler:
             return
         self.slices.store[ObjectKey.of(written)] = written
         log.info("%s: %s (granted %s)", decision.phase, decision.message, status["granted"] or "nothing")
-        if (old_status.get("phase"), old_status.get("granted")) != (decision.phase, status["granted"]):
+        refused_before = old_status.get("refusedChange") or {}
+        if decision.refused is not None and refused_before.get("generation") != generation:
+            await record_event(self.client, obj, "ChangeRefused", decision.message, "Warning")
+        elif (old_status.get("phase"), old_status.get("granted")) != (decision.phase, status["granted"]):
             granted = ", ".join(f"{k}={v}" for k, v in status["granted"].items()) or "nothing"
             await record_event(self.client, obj, decision.reason,
                                f"{decision.phase}: {granted}; {decision.message}",

@@ -39,6 +39,7 @@ from kube.objects import (
     Resource,
 )
 from peering.localagents import all_agents
+from peering.resources import GPUSLICES
 from vk.kubelet.certificates import csr_object, make_key_and_csr
 
 from .clirunner import Cli, cache_of
@@ -567,3 +568,149 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
     await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c, "-q")
     with pytest.raises(NotFound):
         await provider_client.get(NAMESPACES, ns)
+
+
+def node_gpus_are(value: str) -> Any:
+    return lambda node: node["status"]["capacity"].get("nvidia.com/gpu") == value
+
+
+GPU_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  containers:
+  - name: train
+    image: nvcr.io/nvidia/pytorch:25.01-py3
+    resources: {{limits: {{nvidia.com/gpu: "1"}}}}
+"""
+
+
+async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_shrink(
+    cli: Cli,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    peer = ["peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
+            "--remote-cluster-id", "gpu-farm", "-q", "--no-network"]  # fmt: skip
+    await cli.ok(*peer, "--gpus", "2", "--selector", H100)
+    ns = await make_namespace(consumer_client)
+    twin_ns = f"{ns}-ml-eu"
+    await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    for name in ("train-a", "train-b"):
+        consumer.kubectl("-n", ns, "create", "-f", "-", input=GPU_POD.format(name=name))
+    for name in ("train-a", "train-b"):
+        await wait_for(consumer_client, PODS, name, lambda p: p["status"].get("phase") == "Running",
+                       namespace=ns, timeout=60)  # fmt: skip
+
+    async def node_gpus() -> str | None:
+        node = await consumer_client.get(NODES, "gpuferry-gpu-farm")
+        return str(node["status"]["capacity"].get("nvidia.com/gpu"))
+
+    async def still_running() -> None:
+        pods = (await consumer_client.list(PODS, ns))["items"]
+        assert sorted((p["metadata"]["name"], p["status"].get("phase")) for p in pods) == [
+            ("train-a", "Running"), ("train-b", "Running")], [p["status"] for p in pods]  # fmt: skip
+        twins = (await provider_client.list(PODS, twin_ns))["items"]
+        assert sorted((t["metadata"]["name"], t["status"].get("phase")) for t in twins) == [
+            ("train-a", "Running"), ("train-b", "Running")], [t["status"] for t in twins]  # fmt: skip
+
+    async def grant_in_force(gpus: str, refused: str | None) -> None:
+        gslice = await provider_client.get(GPUSLICES, "ml-eu", "gpuferry-tenant-ml-eu")
+        status = gslice["status"]
+        assert status["phase"] == "Granted" and status["granted"]["nvidia.com/gpu"] == gpus, status
+        assert (status.get("refusedChange") or {}).get("reason") == refused, status
+        # the provider's quota: the grant, but never below what the running twins use (2): a
+        # shrink stops new pods and kills none
+        quota = await provider_client.get(RESOURCEQUOTAS, "gpuferry-grant", twin_ns)
+        assert quota["spec"]["hard"]["requests.nvidia.com/gpu"] == str(max(int(gpus), 2)), quota["spec"]
+        for _ in range(10):  # and it stays so (the issue saw the node keep a revoked grant 20 s on)
+            assert await node_gpus() == gpus
+            await asyncio.sleep(0.3)
+        await still_running()
+
+    # more than the provider has, and a product it lacks: refused, the grant of 2 in force
+    for args, reason in (
+        (["--gpus", "999", "--selector", H100], "InsufficientGPUs"),
+        (["--gpus", "2", "--selector", "nvidia.com/gpu.product=NVIDIA-B200"], "NoMatchingNodes"),
+    ):
+        code, _, err = await cli(*peer, *args)
+        assert code == 3 and "Traceback" not in err, err
+        assert f"the provider refused the change ({reason}" in err and "stays: " in err, err
+        assert "nvidia.com/gpu=2" in err, err
+        await grant_in_force("2", reason)
+
+    # fewer: granted; the node shows 1 within seconds, and both running pods keep running
+    await cli.ok(*peer, "--gpus", "1", "--selector", H100)
+    await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                   lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "1", timeout=30)  # fmt: skip
+    await grant_in_force("1", None)
+
+    # another product: granted there; the pods on the H100 twins are not touched
+    l4 = "nvidia.com/gpu.product=NVIDIA-L4"
+    await cli.ok(*peer, "--gpus", "1", "--selector", l4)
+    await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                   lambda n: n["metadata"]["labels"].get("nvidia.com/gpu.product") == "NVIDIA-L4",
+                   timeout=30)  # fmt: skip
+    await grant_in_force("1", None)
+
+    # withdrawn by the provider (every L4 node cordoned): the node advertises nothing, the pods run
+    listed = await provider_client.list(NODES, label_selector=l4)
+    l4_nodes = [n["metadata"]["name"] for n in listed["items"]]
+    try:
+        for name in l4_nodes:
+            await provider_client.patch(NODES, name, {"spec": {"unschedulable": True}})
+        gslice = await wait_for(provider_client, GPUSLICES, "ml-eu",
+                                lambda s: (s.get("status") or {}).get("phase") == "Denied",
+                                namespace="gpuferry-tenant-ml-eu", timeout=30)  # fmt: skip
+        assert gslice["status"]["reason"] == "NoMatchingNodes", gslice["status"]
+        await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                       lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "0",
+                       timeout=30)  # fmt: skip
+        await asyncio.sleep(3)
+        await still_running()
+    finally:
+        for name in l4_nodes:
+            await provider_client.patch(NODES, name, {"spec": {"unschedulable": False}})
+    # nodes back: granted again, and the node says so
+    await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                   lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "1", timeout=30)  # fmt: skip
+    await still_running()
+
+
+async def test_provider_pods_taking_granted_gpus_shrink_the_grant_and_the_node_says_so(
+    cli: Cli, consumer_client: KubeClient, provider_client: KubeClient
+) -> None:
+    """A grant is best effort: the provider's own pods may take GPUs it holds. The grant then
+    shrinks to what is left (it is not revoked whole, allowPartial or not), and the consumer's
+    virtual node advertises the smaller grant within seconds."""
+    l4 = "nvidia.com/gpu.product=NVIDIA-L4"
+    listed = await provider_client.list(NODES, label_selector=l4)
+    l4_nodes = sorted(n["metadata"]["name"] for n in listed["items"])
+    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
+                       "--remote-cluster-id", "gpu-farm", "--gpus", "4", "--selector", l4, "-o", "json", "-q",
+                       "--no-network")  # fmt: skip
+    assert json.loads(out)["slice"]["granted"]["nvidia.com/gpu"] == "4"  # every L4 GPU (2 nodes x 2)
+    local = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "provider-own-job"},
+             "spec": {"nodeName": l4_nodes[0], "containers": [{"name": "c", "image": "local",
+                      "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                      "tolerations": [{"operator": "Exists"}]}}  # fmt: skip
+    await provider_client.create(PODS, local, "default")
+    try:
+        def three(obj: RawObject) -> bool:
+            return (obj.get("status") or {}).get("granted", {}).get("nvidia.com/gpu") == "3"
+
+        gslice = await wait_for(provider_client, GPUSLICES, "ml-eu", three, namespace="gpuferry-tenant-ml-eu",
+                                timeout=30)  # fmt: skip
+        assert gslice["status"]["phase"] == "PartiallyGranted", gslice["status"]
+        await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                       node_gpus_are("3"), timeout=30)  # fmt: skip
+        info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))
+        assert info["providers"][0]["gpus"]["granted"] == 3, info["providers"]
+    finally:
+        await provider_client.delete(PODS, "provider-own-job", "default", grace_period_seconds=0)
+    # the pod gone: the grant grows back to what was asked
+    await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
+                   lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "4", timeout=30)  # fmt: skip

@@ -243,3 +243,105 @@ def test_the_slices_tolerations_travel_from_the_foreign_cluster_to_the_virtual_n
     assert vn["spec"]["providerTolerations"] == [gpu]
     bare = virtual_node(provider_id="farm", consumer_id="ml-eu", grant=grant, selector={}, secret="s")
     assert "providerTolerations" not in bare["spec"]
+
+
+def granted_slice(consumer: str, gpus: int, nodes: dict[str, int], *, selector: dict[str, str] | None = None,
+                  partial: bool = False, generation: int = 1) -> dict[str, Any]:
+    """A slice granted ``nodes`` (node → GPUs) for generation 1, its spec now at ``generation``."""
+    obj = gslice(consumer, "s", {"nvidia.com/gpu": gpus}, selector=selector, partial=partial)
+    obj["metadata"]["generation"] = generation
+    obj["status"] = {"phase": "Granted", "observedGeneration": 1,
+                     "granted": {"nvidia.com/gpu": str(sum(nodes.values()))},
+                     "shape": {"nodes": [{"name": n, "free": {"nvidia.com/gpu": str(g)}}
+                                         for n, g in nodes.items()]},
+                     "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"}}
+    return obj
+
+
+L4_ONLY = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+A = ("gpuferry-tenant-a", "s")
+
+
+def test_a_refused_change_keeps_the_grant_in_force() -> None:
+    # held: the 4 L4 GPUs; asked now: 8 L4 (only 4 exist), or a product the provider lacks
+    asks: list[tuple[int, dict[str, str]]] = [(8, L4_ONLY), (4, {"nvidia.com/gpu.product": "B200"})]
+    for gpus, selector in asks:
+        changed = granted_slice("a", gpus, {"l4-0": 2, "l4-1": 2}, selector=selector, generation=2)
+        newcomer = gslice("b", "s", {"nvidia.com/gpu": 1}, selector=L4_ONLY, created="2025-01-01T00:00:00Z")
+        d = decide(NODES, [changed, newcomer])
+        kept = d[A]
+        assert kept.phase == "Granted" and kept.granted == {"nvidia.com/gpu": Decimal(4)}
+        assert kept.nodes == {"l4-0": {"nvidia.com/gpu": 2}, "l4-1": {"nvidia.com/gpu": 2}}
+        assert kept.labels == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+        assert kept.refused is not None and kept.refused[0] in {"InsufficientGPUs", "NoMatchingNodes"}
+        assert kept.reason == "ChangeRefused" and kept.refused[1] in kept.message
+        # the grant in force is still held: an older newcomer does not get it
+        assert d[("gpuferry-tenant-b", "s")].phase == "Denied"
+
+
+def test_a_change_that_fits_replaces_the_grant_and_may_use_its_own_capacity() -> None:
+    smaller = granted_slice("a", 2, {"l4-0": 2, "l4-1": 2}, selector=L4_ONLY, generation=2)
+    d = decide(NODES, [smaller])
+    assert d[A].phase == "Granted" and d[A].granted["nvidia.com/gpu"] == 2 and d[A].refused is None
+    # growing from 2 to 4 L4 while an older newcomer waits for 2: the change goes first, with
+    # its own 2 GPUs handed back to it
+    bigger = granted_slice("a", 4, {"l4-0": 2}, selector=L4_ONLY, generation=2)
+    waiting = gslice("b", "s", {"nvidia.com/gpu": 2}, selector=L4_ONLY, created="2025-01-01T00:00:00Z")
+    d = decide(NODES, [bigger, waiting])
+    assert d[A].phase == "Granted" and d[A].granted["nvidia.com/gpu"] == 4
+    assert d[("gpuferry-tenant-b", "s")].phase == "Denied"
+
+
+def test_a_kept_grant_shrinks_with_lost_capacity_and_goes_when_nothing_is_left() -> None:
+    changed = granted_slice("a", 8, {"l4-0": 2, "l4-1": 2}, selector=L4_ONLY, generation=2)
+    cordoned = [node("l4-0", 2, L4), node("l4-1", 2, L4, unschedulable=True), node("h100-0", 8, H100)]
+    d = decide(cordoned, [changed])
+    assert d[A].phase == "PartiallyGranted" and d[A].granted == {"nvidia.com/gpu": Decimal(2)}
+    assert d[A].refused is not None
+    gone = [node("l4-0", 2, L4, ready=False), node("l4-1", 2, L4, unschedulable=True)]
+    d = decide(gone, [changed])
+    assert d[A].phase == "Denied" and d[A].refused is None and d[A].granted == {}
+
+
+def test_a_holder_shrinks_to_what_is_left_instead_of_being_revoked() -> None:
+    holder = granted_slice("a", 4, {"l4-0": 2, "l4-1": 2}, selector=L4_ONLY)  # allowPartial false
+    provider_pod = pod("team", "l4-1", 1)
+    d = decide(NODES, [holder], [provider_pod])
+    assert d[A].phase == "PartiallyGranted" and d[A].granted["nvidia.com/gpu"] == 3
+    # a newcomer with allowPartial false is still all or nothing
+    fresh = gslice("c", "s", {"nvidia.com/gpu": 4}, selector=L4_ONLY)
+    d = decide(NODES, [fresh], [provider_pod])
+    assert d[("gpuferry-tenant-c", "s")].phase == "Denied"
+
+
+def test_a_written_refusal_is_read_back_as_a_change_not_a_holder() -> None:
+    changed = granted_slice("a", 8, {"l4-0": 2, "l4-1": 2}, selector=L4_ONLY, generation=2)
+    (decision,) = decide(NODES, [changed]).values()
+    changed["status"] = {**changed["status"], **slice_status(decision), "observedGeneration": 2,
+                         "refusedChange": {"generation": 2, "reason": "InsufficientGPUs", "message": "..."}}
+    again = slice_request(changed)
+    assert not again.holds_grant
+    assert again.in_force == {"l4-0": {"nvidia.com/gpu": 2}, "l4-1": {"nvidia.com/gpu": 2}}
+    (second,) = decide(NODES, [changed]).values()
+    assert second.granted == decision.granted and second.refused == decision.refused
+    # the same spec once granted (refusal of an older generation): a holder again
+    changed["metadata"]["generation"] = 3
+    changed["status"]["observedGeneration"] = 3
+    assert slice_request(changed).holds_grant
+
+
+def test_the_virtual_node_advertises_the_grant_in_force_and_zero_once_withdrawn() -> None:
+    from peering.consumer.builders import virtual_node_spec_from_grant
+
+    kept = granted_slice("a", 8, {"l4-0": 2, "l4-1": 2}, selector=L4_ONLY, generation=2)
+    kept["status"]["refusedChange"] = {"generation": 2, "reason": "InsufficientGPUs", "message": "..."}
+    grant = virtual_node_spec_from_grant(kept)
+    assert grant is not None and grant["resources"] == {"nvidia.com/gpu": "4"}
+    advertised = {"resources": {"nvidia.com/gpu": "4", "pods": "110"},
+                  "labels": {"nvidia.com/gpu.product": "L4"}}
+    withdrawn = {"status": {"phase": "Denied", "granted": {}}}
+    assert virtual_node_spec_from_grant(withdrawn, advertised) == {
+        "resources": {"nvidia.com/gpu": "0", "pods": "0"}, "shape": {"nvidia.com/gpu": "0", "pods": "0"},
+        "labels": {"nvidia.com/gpu.product": "L4"},
+    }  # fmt: skip
+    assert virtual_node_spec_from_grant(withdrawn, None) is None  # denied at once: no node at all
