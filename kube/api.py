@@ -25,6 +25,7 @@ __all__ = [
     "NODE_TYPE_LABEL",
     "NODE_TYPE_VIRTUAL_KUBELET",
     "PROVIDER_LABEL",
+    "PROVIDER_UNREACHABLE_TAINT_KEY",
     "SYSTEM_NAMESPACE",
     "TENANT_NAMESPACE_PREFIX",
     "VIRTUAL_NODE_TAINT_KEY",
@@ -56,6 +57,9 @@ PROVIDER_LABEL = "gpuferry.io/provider"
 """On a virtual node and on consumer objects made for one peering: the provider's cluster ID."""
 VIRTUAL_NODE_TAINT_KEY = "virtual-node.gpuferry.io/not-allowed"
 """``NoExecute`` taint of every virtual node; offloaded namespaces' pods tolerate it."""
+PROVIDER_UNREACHABLE_TAINT_KEY = "gpuferry.io/provider-unreachable"
+"""``NoSchedule`` taint of a virtual node whose provider API server does not answer: new pods go
+elsewhere, the running ones stay (the node itself stays Ready: the provider's workloads run on)."""
 KUBELET_SERVING_SIGNER = "kubernetes.io/kubelet-serving"
 NETWORK_READY = "NetworkReady"
 """Condition type of a PeerNetwork (its gateway's handshake) and of a virtual node."""

@@ -73,7 +73,11 @@ async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list
             node: RawObject | None = await client.get(NODES, node_name)
         except NotFound:
             node = None
-        ready = find_condition(((node or {}).get("status") or {}).get("conditions"), "Ready") or {}
+        node_conditions = ((node or {}).get("status") or {}).get("conditions")
+        ready = find_condition(node_conditions, "Ready") or {}
+        reachable = find_condition(node_conditions, "ProviderReachable") or {}
+        if reachable.get("status") == "False":  # the node stays Ready (its pods run on): not us
+            ready = {"status": "False", "reason": "ProviderUnreachable"}
         pods = (await client.list(PODS, field_selector=f"spec.nodeName={node_name}"))["items"]
         granted = _q((spec.get("resources") or {}).get(GPU))
         used = _gpus(pods)

@@ -96,8 +96,12 @@ def lifecycle_taints(node: RawObject) -> list[dict[str, Any]]:
 
 
 def schedulable(node: RawObject) -> bool:
-    """Ready, and the node lifecycle controller has lifted its not-ready taint."""
-    return ready(node).get("status") == "True" and not lifecycle_taints(node)
+    """Ready, the node lifecycle controller's not-ready taint lifted, and ours for an unreachable
+    provider too."""
+    taints = (node.get("spec") or {}).get("taints") or []
+    return ready(node).get("status") == "True" and not lifecycle_taints(node) and not [
+        t for t in taints if t["key"] == "gpuferry.io/provider-unreachable"
+    ]
 
 
 def label(name: str, value: str | None) -> Callable[[RawObject], bool]:
@@ -245,7 +249,7 @@ async def test_largest_block_follows_the_pods_on_the_provider(
         await wait_for(consumer_client, NODES, name, label(LARGEST_GPU_BLOCK_LABEL, before), timeout=30)
 
 
-async def test_unreachable_provider_makes_the_node_not_ready_and_keeps_the_lease(
+async def test_unreachable_provider_taints_the_node_no_schedule_and_keeps_the_lease(
     consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient, tmp_path: Path
 ) -> None:
     bad = kubeconfig_via(provider.spec.kubeconfig, "https://127.0.0.1:1", tmp_path)
@@ -254,8 +258,11 @@ async def test_unreachable_provider_makes_the_node_not_ready_and_keeps_the_lease
     async with running(settings) as controller:
         node = await wait_for(consumer_client, NODES, name,
                               lambda n: ready(n).get("reason") == "ProviderUnreachable", timeout=60)
-        assert ready(node)["status"] == "False"
+        assert ready(node)["status"] == "True"
         assert "/readyz" in ready(node)["message"]
+        assert {"key": "gpuferry.io/provider-unreachable", "value": "true", "effect": "NoSchedule"} in (
+            node["spec"]["taints"]
+        )
         assert (condition(node, "ProviderReachable") or {}).get("status") == "False"
         assert node["status"]["capacity"] == GRANT
         assert controller.fit({"spec": {"containers": []}}) is None  # nothing known: no gate
@@ -264,10 +271,10 @@ async def test_unreachable_provider_makes_the_node_not_ready_and_keeps_the_lease
         first = renew_time(lease)
         await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > first,
                        namespace=LEASE_NAMESPACE, timeout=10)
-        # so the node lifecycle controller says not-ready, never unreachable
+        # so the node lifecycle controller says neither not-ready nor unreachable
         node = await consumer_client.get(NODES, name)
-        assert all(t["key"] != "node.kubernetes.io/unreachable" for t in node["spec"].get("taints") or [])
-        assert ready(node)["status"] == "False"
+        assert not [t for t in node["spec"].get("taints") or [] if t["key"].startswith("node.kubernetes.io/")]
+        assert ready(node)["status"] == "True"
 
 
 async def test_provider_outage_and_return(
@@ -285,22 +292,21 @@ async def test_provider_outage_and_return(
             await relay.stop()
             node = await wait_for(consumer_client, NODES, name,
                                   lambda n: ready(n).get("reason") == "ProviderUnreachable", timeout=20)
-            assert ready(node)["status"] == "False"
-            # Ready=False posted by a live node: the lifecycle controller taints it not-ready
-            # (NoExecute: pods tolerate it 300 s by default), never unreachable
-            node = await wait_for(
-                consumer_client, NODES, name,
-                lambda n: any(t["key"] == "node.kubernetes.io/not-ready" and t["effect"] == "NoExecute"
-                              for t in n["spec"].get("taints") or []),
-                timeout=45,
-            )
-            assert all(t["key"] != "node.kubernetes.io/unreachable" for t in node["spec"]["taints"])
+            # still Ready (a live node posting a true status): no not-ready taint for the
+            # lifecycle controller to evict by, only ours, NoSchedule
+            assert ready(node)["status"] == "True"
+            taints = {(t["key"], t["effect"]) for t in node["spec"].get("taints") or []}
+            assert ("gpuferry.io/provider-unreachable", "NoSchedule") in taints
+            assert not {k for k, _ in taints if k.startswith("node.kubernetes.io/")}, taints
             first = renew_time(await consumer_client.get(LEASES, name, LEASE_NAMESPACE))
             await wait_for(consumer_client, LEASES, name, lambda ls: renew_time(ls) > first,
                            namespace=LEASE_NAMESPACE, timeout=10)
 
             await relay.start()  # the same port again
-            node = await wait_for(consumer_client, NODES, name, schedulable, timeout=45)
+            node = await wait_for(consumer_client, NODES, name,
+                                  lambda n: schedulable(n) and ready(n)["reason"] == "ProviderReachable",
+                                  timeout=45)  # fmt: skip
             assert ready(node)["reason"] == "ProviderReachable"
+            assert all(t["key"] != "gpuferry.io/provider-unreachable" for t in node["spec"]["taints"])
     finally:
         await relay.stop()

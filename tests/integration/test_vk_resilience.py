@@ -55,7 +55,7 @@ class VkProcess:
             "--consumer-id", self.consumer_id,
             "--provider-id", self.provider_id,
             "--resource", "nvidia.com/gpu=8", "--resource", "cpu=64",
-            "--resource", "memory=512Gi", "--resource", "pods=110",
+            "--resource", "memory=512Gi", "--resource", "pods=400",
             "--provider-node-selector", H100,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
@@ -116,8 +116,10 @@ async def virtual_kubelet(
 
 
 def schedulable(node: RawObject) -> bool:
+    """Ready, without the lifecycle controller's taints nor ours for an unreachable provider."""
     return (condition(node, "Ready") or {}).get("status") == "True" and not [
-        t for t in (node.get("spec") or {}).get("taints") or [] if t["key"] in LIFECYCLE_TAINTS
+        t for t in (node.get("spec") or {}).get("taints") or []
+        if t["key"] in (*LIFECYCLE_TAINTS, "gpuferry.io/provider-unreachable")
     ]
 
 
@@ -201,7 +203,7 @@ async def test_killed_mid_burst_and_restarted_every_pod_runs_exactly_once(
         ledger.on_created = first_twin.set
         try:
             await asyncio.wait_for(ledger.listed.wait(), 10)
-            names = [f"burst-{i:02d}" for i in range(50)]
+            names = [f"burst-{i:03d}" for i in range(300)]
             await asyncio.gather(
                 *(consumer_client.create(PODS, pinned_pod(n, vk.node, {"cpu": "100m"}), ns) for n in names)
             )
@@ -215,9 +217,13 @@ async def test_killed_mid_burst_and_restarted_every_pod_runs_exactly_once(
             running_at_kill = sum((p.get("status") or {}).get("phase") == "Running" for p in pods)
             assert running_at_kill < len(names), "the burst was over before the kill: nothing tested"
 
+            restarted = time.monotonic()
             vk.start()
             pods = await wait_all_running(consumer_client, ns, len(names), timeout=120)
             vk.assert_alive()
+            # a figure, not an assertion (timing on a shared 2-core machine): the issue asks < 30 s
+            print(f"{len(names)} pods, killed with {running_at_kill} Running: all Running "
+                  f"{time.monotonic() - restarted:.1f}s after the restart")
             await asyncio.sleep(2)  # let any duplicate the restart might have made show up
 
             consumer_uids = {p["metadata"]["uid"] for p in pods}
@@ -235,7 +241,7 @@ async def test_killed_mid_burst_and_restarted_every_pod_runs_exactly_once(
             await ledger.close()
 
 
-async def test_provider_outage_of_30s_costs_no_pod(
+async def test_provider_outage_longer_than_the_eviction_timeout_costs_no_pod(
     consumer: LocalCluster,
     provider: LocalCluster,
     consumer_client: KubeClient,
@@ -243,21 +249,30 @@ async def test_provider_outage_of_30s_costs_no_pod(
     make_namespace: NamespaceFactory,
     tmp_path: Path,
 ) -> None:
+    """The provider's API server unreachable for 30 s, while the pods tolerate a not-ready or
+    unreachable node for 5 s only (what ``--default-not-ready-toleration-seconds=5`` would give
+    every pod): nothing is evicted, a new pod waits rather than land on the node, and on return a
+    twin that finished meanwhile reports it and a twin deleted meanwhile fails its pod."""
     ns = await make_namespace(consumer_client)
     relay = Relay(provider.spec.ports.apiserver)
     await relay.start()
     via = kubeconfig_via(provider.spec.kubeconfig, f"https://127.0.0.1:{relay.port}", tmp_path)
+    short = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+              "tolerationSeconds": 5} for k in ("not-ready", "unreachable")]  # fmt: skip
     try:
         log = tmp_path / "vk.log"
         async with virtual_kubelet(consumer, via, consumer_client, provider_client, log) as vk:
-            names = ["outage-0", "outage-1", "outage-2"]
+            names = ["runs-on", "finishes", "loses-twin"]
             for n in names:
-                await consumer_client.create(PODS, pinned_pod(n, vk.node, {"nvidia.com/gpu": "1"}), ns)
-            before = await wait_all_running(consumer_client, ns, len(names), timeout=60)
-            twins_before = (await provider_client.list(PODS, label_selector=owner_selector(vk.consumer_id)))[
-                "items"
-            ]
-            assert len(twins_before) == len(names)
+                pod = pinned_pod(n, vk.node, {"nvidia.com/gpu": "1"})
+                pod["spec"]["tolerations"] += short
+                if n == "finishes":
+                    pod["metadata"]["annotations"] = {"gpuferry.io/simulate-complete-after": "12s"}
+                await consumer_client.create(PODS, pod, ns)
+            running = await wait_all_running(consumer_client, ns, 3, timeout=60)
+            before = {p["metadata"]["name"]: p for p in running}
+            twins_before = {origin(t): t for t in await twins_of(provider_client, vk.consumer_id)}
+            assert set(twins_before) == {p["metadata"]["uid"] for p in before.values()}
 
             gone: list[str] = []
             watcher = asyncio.create_task(_record_deletions(consumer_client, ns, gone))
@@ -271,28 +286,66 @@ async def test_provider_outage_of_30s_costs_no_pod(
                     lambda n: (condition(n, "Ready") or {}).get("reason") == "ProviderUnreachable",
                     timeout=30,
                 )
-                assert (condition(node, "Ready") or {})["status"] == "False"
+                assert (condition(node, "Ready") or {})["status"] == "True", "Ready=False would evict"
+                assert (condition(node, "ProviderReachable") or {})["status"] == "False"
+                assert UNREACHABLE in {(t["key"], t["effect"]) for t in node["spec"].get("taints") or []}
+                # meanwhile on the provider (not through the relay): one twin deleted
+                lost = twins_before[before["loses-twin"]["metadata"]["uid"]]
+                await provider_client.delete(PODS, lost["metadata"]["name"], lost["metadata"]["namespace"],
+                                             grace_period_seconds=0)  # fmt: skip
+                # a new pod for this node waits: NoSchedule
+                late = pinned_pod("late", vk.node, {"nvidia.com/gpu": "1"})
+                await consumer_client.create(PODS, late, ns)
                 await asyncio.sleep(max(0.0, 30 - (time.monotonic() - cut)))
                 node = await consumer_client.get(NODES, vk.node)
                 taints = {t["key"] for t in node["spec"].get("taints") or []}
-                assert "node.kubernetes.io/unreachable" not in taints, "the Lease keeps the node reachable"
+                assert not {t for t in taints if t.startswith("node.kubernetes.io/")}, taints
+                waiting = await consumer_client.get(PODS, "late", ns)
+                assert not waiting["spec"].get("nodeName"), "scheduled onto a node whose provider is away"
                 vk.assert_alive()
 
                 await relay.start()
                 await wait_for(consumer_client, NODES, vk.node, schedulable, timeout=60)
-                after = await wait_all_running(consumer_client, ns, len(names), timeout=30)
+                phases = {"runs-on": "Running", "finishes": "Succeeded", "loses-twin": "Failed"}
+                phases["late"] = "Running"
+
+                async def converged() -> dict[str, RawObject]:
+                    while True:
+                        listed = (await consumer_client.list(PODS, ns))["items"]
+                        pods = {p["metadata"]["name"]: p for p in listed}
+                        if {n: (p.get("status") or {}).get("phase") for n, p in pods.items()} == phases:
+                            return pods
+                        await asyncio.sleep(0.5)
+
+                after = await asyncio.wait_for(converged(), timeout=60)
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
 
             assert not gone, f"consumer pods deleted or evicted during the outage: {gone}"
-            assert {p["metadata"]["uid"] for p in after} == {p["metadata"]["uid"] for p in before}
-            twins_after = (await provider_client.list(PODS, label_selector=owner_selector(vk.consumer_id)))[
-                "items"
-            ]
-            assert {t["metadata"]["uid"] for t in twins_after} == {t["metadata"]["uid"] for t in twins_before}
+            assert all(after[n]["metadata"]["uid"] == before[n]["metadata"]["uid"] for n in names)
+            lost_status = after["loses-twin"]["status"]
+            assert lost_status["reason"] == "ProviderPodDeleted", lost_status
+            # nothing created twice: the kept twins are the same, the lost one was not made again
+            twins_after = {origin(t): t for t in await twins_of(provider_client, vk.consumer_id)}
+            for n in ("runs-on", "finishes"):
+                uid = before[n]["metadata"]["uid"]
+                assert twins_after[uid]["metadata"]["uid"] == twins_before[uid]["metadata"]["uid"]
+            assert before["loses-twin"]["metadata"]["uid"] not in twins_after
+            assert len(twins_after) == 3  # with the late pod's
     finally:
         await relay.stop()
+
+
+UNREACHABLE = ("gpuferry.io/provider-unreachable", "NoSchedule")
+
+
+def origin(twin: RawObject) -> str:
+    return str(twin["metadata"]["labels"][ORIGIN_UID])
+
+
+async def twins_of(client: KubeClient, consumer_id: str) -> list[RawObject]:
+    return list((await client.list(PODS, label_selector=owner_selector(consumer_id)))["items"])
 
 
 async def _record_deletions(client: KubeClient, namespace: str, out: list[str]) -> None:

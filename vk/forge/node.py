@@ -47,6 +47,7 @@ __all__ = [
     "LARGEST_BLOCK_ANNOTATION",
     "LARGEST_GPU_BLOCK_LABEL",
     "MANAGED_LABELS_ANNOTATION",
+    "PROVIDER_UNREACHABLE_TAINT",
     "VIRTUAL_NODE_TAINT",
     "Condition",
     "condition",
@@ -73,6 +74,9 @@ MANAGED_LABELS_ANNOTATION = f"{PREFIX}managed-labels"
 """Node annotation: comma-separated keys of the labels gpuferry set on the node."""
 
 VIRTUAL_NODE_TAINT: dict[str, str] = {"key": VIRTUAL_NODE_TAINT_KEY, "value": "true", "effect": "NoExecute"}
+PROVIDER_UNREACHABLE_TAINT: dict[str, str] = {
+    "key": api.PROVIDER_UNREACHABLE_TAINT_KEY, "value": "true", "effect": "NoSchedule"
+}
 
 KUBELET_VERSION = "v1.36.4-gpuferry"
 """Default ``nodeInfo.kubeletVersion``; the controller uses the consumer's version instead."""
@@ -143,9 +147,14 @@ def node_conditions(
         ready = Condition("Ready", "False", "ProviderNotProbed", "the provider API server was not probed yet")
         reach = Condition(PROVIDER_REACHABLE, "Unknown", "ProviderNotProbed", "not probed yet")
     else:
+        # still Ready: a provider's API server that does not answer says nothing of its
+        # workloads, and Ready=False would let the consumer's taint manager evict every pod here
+        # after 300 s. New pods are kept off by PROVIDER_UNREACHABLE_TAINT instead.
         detail = provider_error or "no answer"
-        ready = Condition("Ready", "False", "ProviderUnreachable",
-                          f"the provider API server is unreachable: {detail}")
+        ready = Condition("Ready", "True", "ProviderUnreachable",
+                          f"the provider API server is unreachable ({detail}); the pods here keep "
+                          f"running, and new ones are not scheduled here until it answers "
+                          f"(taint {api.PROVIDER_UNREACHABLE_TAINT_KEY}:NoSchedule)")
         reach = Condition(PROVIDER_REACHABLE, "False", "ProbeFailed", f"provider /readyz failed: {detail}")
     steady = [Condition(t, "False", reason, message) for t, reason, message in _STEADY]
     return [ready, *steady, reach, *([network] if network is not None else [])]
@@ -282,6 +291,7 @@ def virtual_node(
     previous_conditions: Sequence[Mapping[str, Any]] = (),
     version: str = KUBELET_VERSION,
     boot_id: str = "",
+    provider_unreachable: bool = False,
 ) -> dict[str, Any]:
     """The virtual Node. ``resources`` is the grant (capacity = allocatable, verbatim);
     ``provider_labels`` from :func:`provider_gpu_labels`; ``shape`` from :func:`node_shape`;
@@ -305,7 +315,8 @@ def virtual_node(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
-        "spec": {"taints": [dict(VIRTUAL_NODE_TAINT)]},
+        "spec": {"taints": [dict(VIRTUAL_NODE_TAINT),
+                            *([dict(PROVIDER_UNREACHABLE_TAINT)] if provider_unreachable else [])]},
         "status": {
             "capacity": dict(granted),
             "allocatable": dict(granted),
@@ -331,7 +342,7 @@ def virtual_node(
 
 
 def _is_ours(taint: Mapping[str, Any]) -> bool:
-    return taint.get("key") == VIRTUAL_NODE_TAINT_KEY
+    return taint.get("key") in (VIRTUAL_NODE_TAINT_KEY, api.PROVIDER_UNREACHABLE_TAINT_KEY)
 
 
 def node_metadata_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any] | None:

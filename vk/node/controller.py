@@ -20,19 +20,20 @@ its own (:meth:`NodeController.run`), the controller watches the provider's Node
 No loop dies on an API error: each is logged with the object and retried with backoff
 (:class:`kube.backoff.Backoff`).
 
-Provider outage: Ready=False, the Lease kept alive
+Provider outage: still Ready, tainted NoSchedule, the Lease kept alive
     When the provider's /readyz fails (:data:`PROBE_FAILURES` times in a row once it has
-    answered), the Node turns Ready=False with reason ``ProviderUnreachable`` and the error in
-    the message, and ``ProviderReachable`` turns False. The Lease keeps being renewed: the
-    virtual kubelet itself is alive, and what it reports is true. So the consumer's node
-    lifecycle controller sees a node that posts Ready=False, not a silent one: it taints it
-    ``node.kubernetes.io/not-ready`` (NoSchedule: no new pods are bound to it; NoExecute:
-    evictions), not ``unreachable``. Pods carry a ``not-ready:NoExecute`` toleration of 300 s
-    by default (the DefaultTolerationSeconds admission plugin), so an outage shorter than that
-    evicts nothing; when the provider answers again the node turns Ready, the controller lifts
-    the taints, and the pods stay where they were. Pods that set a shorter toleration are
-    evicted sooner, as they asked. Letting the Lease lapse instead would buy nothing (the
-    ``unreachable`` taint has the same 300 s default) and would hide the reason.
+    answered), ``ProviderReachable`` turns False with the error, the Node gets the taint
+    ``gpuferry.io/provider-unreachable:NoSchedule`` (new pods go elsewhere or wait), and Ready
+    stays True with reason ``ProviderUnreachable`` and the same words in its message. An API
+    server that does not answer says nothing of the provider's workloads: its kubelets keep
+    running the twins. Ready=False would make the consumer's node lifecycle controller taint the
+    node ``node.kubernetes.io/not-ready:NoExecute``, and its taint manager would evict every pod
+    here once their toleration ran out (300 s by default): an outage of any length would cost
+    running jobs (Liqo's issue #1194). The Lease keeps being renewed (the virtual kubelet itself
+    is alive), so the node is never ``unreachable`` either. When the provider answers again the
+    taint goes; the pod reflectors relist, a twin that finished meanwhile reports its final
+    status, and a twin that vanished makes its pod Failed (``ProviderPodDeleted``); nothing is
+    created twice (a pod that ran is never given a second twin).
     When the virtual kubelet itself stops, the Lease lapses and the node turns Unknown: a
     restarted one adopts the Node and makes it Ready again.
 """
@@ -295,6 +296,7 @@ class NodeController:
             previous_conditions=((current or {}).get("status") or {}).get("conditions") or (),
             version=self._version,
             boot_id=self._boot_id,
+            provider_unreachable=self.reachable is False,
         )
         if settings.kubelet_api:
             # the API server then proxies WebSocket exec/attach/port-forward to our kubelet API

@@ -258,13 +258,27 @@ def test_conditions_when_the_provider_answers() -> None:
     assert all(c["lastHeartbeatTime"] == NOW and c["lastTransitionTime"] == NOW for c in conditions.values())
 
 
-def test_conditions_when_the_provider_is_unreachable() -> None:
-    built = build(conditions=node_conditions(provider_reachable=False, provider_error="connection refused"))
+def test_an_unreachable_provider_keeps_the_node_ready_and_taints_it_no_schedule() -> None:
+    built = build(conditions=node_conditions(provider_reachable=False, provider_error="connection refused"),
+                  provider_unreachable=True)
     conditions = by_type(built)
-    assert conditions["Ready"]["status"] == "False"
+    # Ready=False would let the consumer's taint manager evict the running pods after 300 s
+    assert conditions["Ready"]["status"] == "True"
     assert conditions["Ready"]["reason"] == "ProviderUnreachable"
     assert "connection refused" in conditions["Ready"]["message"]
+    assert "keep running" in conditions["Ready"]["message"]
     assert conditions["ProviderReachable"]["status"] == "False"
+    unreachable = {"key": "gpuferry.io/provider-unreachable", "value": "true", "effect": "NoSchedule"}
+    assert unreachable in built["spec"]["taints"]
+    # the taint comes and goes by patch, others' taints kept
+    up = server_side(build())
+    up["spec"]["taints"].append({"key": "node.kubernetes.io/other", "effect": "NoSchedule"})
+    patch = node_metadata_patch(up, built)
+    assert patch is not None and unreachable in patch["spec"]["taints"]
+    assert {"key": "node.kubernetes.io/other", "effect": "NoSchedule"} in patch["spec"]["taints"]
+    down = server_side(built)
+    back = node_metadata_patch(down, build())
+    assert back is not None and unreachable not in back["spec"]["taints"]
 
 
 def test_not_probed_yet_is_not_ready() -> None:
@@ -281,7 +295,8 @@ def test_transition_time_kept_while_the_status_stays() -> None:
     assert ready["lastHeartbeatTime"] == LATER
     down = build(now=LATER, previous_conditions=first["status"]["conditions"],
                  conditions=node_conditions(provider_reachable=False, provider_error="x"))
-    assert by_type(down)["Ready"]["lastTransitionTime"] == LATER
+    assert by_type(down)["ProviderReachable"]["lastTransitionTime"] == LATER
+    assert by_type(down)["Ready"]["lastTransitionTime"] == NOW  # still True
     assert by_type(down)["MemoryPressure"]["lastTransitionTime"] == NOW
 
 
@@ -317,8 +332,9 @@ def test_status_patch_on_readiness_change() -> None:
                  conditions=node_conditions(provider_reachable=False, provider_error="refused"))
     patch = node_status_patch(current, down)
     assert patch is not None
-    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
-    assert (ready["status"], ready["reason"]) == ("False", "ProviderUnreachable")
+    by = {c["type"]: c for c in patch["status"]["conditions"]}
+    assert (by["Ready"]["status"], by["Ready"]["reason"]) == ("True", "ProviderUnreachable")
+    assert by["ProviderReachable"]["status"] == "False"
 
 
 def test_status_patch_after_the_lifecycle_controller_set_unknown() -> None:
