@@ -11,6 +11,12 @@ A :class:`Manager` runs, as named root tasks:
 * once leading (at once without leader election): each **controller**'s workers, after the
   informers it reads have synced, and the other leader-only tasks.
 
+A leader that loses its Lease (not renewed in time — the process was paused, the API server
+was slow — or taken by another holder) **steps down**: its controllers' workers and leader-only
+tasks are cancelled at once (a key being worked on goes back to its queue), the informers keep
+running, and it campaigns again as a standby. It does not exit: nothing may be running to
+restart it, and a warm standby is what a replica should be.
+
 It stops when :meth:`Manager.stop` is called (SIGTERM and SIGINT call it) or when a root task
 ends. Stopping is graceful and in this order: the controllers' queues are shut down and the
 work in progress drains (up to ``drain_timeout``); the other tasks are cancelled; the Lease is
@@ -32,7 +38,7 @@ from typing import Any
 
 from .clients import KubeClient
 from .informers import Informer
-from .leaderelection import LeaderElector
+from .leaderelection import LeaderElector, LostLeadership
 from .probes import Probes, serve_probes
 from .queueing import KeyedQueue
 from .reconciling import Reconciler, run_workers
@@ -84,6 +90,9 @@ class Manager:
     """The port the probes are served on, once listening."""
     received: signal.Signals | None = None
     """The signal that stopped the manager, if one did."""
+    leading: bool = False
+    """Whether the controllers and leader-only tasks run now (from taking the Lease to a stop
+    or a step-down; at once without leader election)."""
     _tasks: list[_Task] = field(default_factory=list)
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _listening: asyncio.Event = field(default_factory=asyncio.Event)
@@ -141,9 +150,11 @@ class Manager:
         leading: dict[str, asyncio.Task[Any]] = {}
         try:
             self._start_common(roots)
-            if await self._lead(roots):
+            while await self._lead(roots):
                 self._start_leading(leading)
-            await self._wait_for_the_end({**roots, **leading})
+                if not await self._wait_for_the_end({**roots, **leading}, leading.get("renew-lease")):
+                    break
+                await self._step_down(leading)
         finally:
             failure = await self._shut_down(roots, leading)
             for sig, handler in previous.items():
@@ -199,14 +210,15 @@ class Manager:
         if self.client is None:
             raise ValueError(f"{self.name}: leader election needs a client")
         identity = {"identity": settings.identity} if settings.identity else {}
-        self.elector = LeaderElector(
-            self.client,
-            settings.namespace,
-            settings.name,
-            lease_seconds=settings.lease_seconds,
-            renew_seconds=settings.renew_seconds,
-            **identity,
-        )
+        if self.elector is None:  # one identity for the process, across step-downs
+            self.elector = LeaderElector(
+                self.client,
+                settings.namespace,
+                settings.name,
+                lease_seconds=settings.lease_seconds,
+                renew_seconds=settings.renew_seconds,
+                **identity,
+            )
         acquire = asyncio.create_task(self.elector.acquire(), name=f"{self.name}/acquire-lease")
         stopped = asyncio.create_task(self._stopping.wait())
         done, _ = await asyncio.wait([acquire, stopped, *roots.values()], return_when=asyncio.FIRST_COMPLETED)
@@ -220,6 +232,7 @@ class Manager:
         return True
 
     def _start_leading(self, leading: dict[str, asyncio.Task[Any]]) -> None:
+        self.leading = True
         if self.elector is not None:
             leading["renew-lease"] = asyncio.create_task(self.elector.keep(), name=f"{self.name}/renew-lease")
         for controller in self.controllers:
@@ -231,12 +244,25 @@ class Manager:
         for name, running in leading.items():
             self.probes.add_liveness(name, lambda t=running: not t.done())  # type: ignore[misc]
 
-    async def _wait_for_the_end(self, tasks: dict[str, asyncio.Task[Any]]) -> None:
+    async def _wait_for_the_end(
+        self, tasks: dict[str, asyncio.Task[Any]], renewal: asyncio.Task[Any] | None = None
+    ) -> bool:
+        """Until stopped or a task ends; True when the only news is a lost Lease (``renewal``
+        failed with :class:`LostLeadership`): then the manager steps down rather than stop."""
         stopped = asyncio.create_task(self._stopping.wait())
         try:
             done, _ = await asyncio.wait([stopped, *tasks.values()], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
+        if (
+            renewal is not None
+            and done == {renewal}
+            and not self._stopping.is_set()
+            and not renewal.cancelled()
+            and isinstance(renewal.exception(), LostLeadership)
+        ):
+            logger.warning("%s: %s; stepping down, campaigning again", self.name, renewal.exception())
+            return True
         for name, task in tasks.items():
             if task in done and not self._stopping.is_set():
                 if task.cancelled() or task.exception() is None:
@@ -246,12 +272,23 @@ class Manager:
                         "%s: root task %s failed; stopping", self.name, name, exc_info=task.exception()
                     )
                 break
+        return False
+
+    async def _step_down(self, leading: dict[str, asyncio.Task[Any]]) -> None:
+        """Stop leading at once, without draining (another replica may lead already): cancel the
+        workers and leader-only tasks; their queues keep their keys for the next term."""
+        self.leading = False
+        await _cancel(list(leading.values()))
+        for name in leading:
+            self.probes.liveness.pop(name, None)
+        leading.clear()
 
     async def _shut_down(
         self, roots: dict[str, asyncio.Task[Any]], leading: dict[str, asyncio.Task[Any]]
     ) -> BaseException | None:
         """Drain, cancel, release, stop; the first failure of a root task (None: a clean stop)."""
         self._stopping.set()
+        self.leading = False
         failure = _first_failure({**roots, **leading})
         # 1. the queues: no new keys, work in progress finishes (queue.run honours drain_timeout)
         for controller in self.controllers:

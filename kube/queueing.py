@@ -198,6 +198,10 @@ class KeyedQueue(Generic[K]):
             started = time.monotonic()
             try:
                 again = await handler(key)
+            except asyncio.CancelledError:
+                if not self.closed:  # cancelled mid-work (a leader stepping down): not done
+                    self.add(key)
+                raise
             except Exception:
                 delay = self.requeue_rate_limited(key)
                 logger.exception("queue %s: processing %s failed; retrying in %.2fs", self.name, key, delay)

@@ -467,6 +467,33 @@ async def test_one_replica_leads_a_standby_takes_over_and_sigterm_releases_at_on
         await standby.until_ready()
 
 
+async def test_a_leader_paused_past_its_lease_steps_down_and_stays_a_standby(
+    controllers: Controllers, provider_client: KubeClient,
+) -> None:  # fmt: skip
+    """The provider controller SIGSTOPped longer than its Lease (as a loaded machine may): the
+    standby takes over, and the paused one, once it runs again, steps down and stays a live,
+    ready standby: it does not exit (locally nothing would restart it)."""
+    replicas = controllers.provider
+    for replica in replicas:
+        await replica.until_ready()
+    leader = await _leader(provider_client, PROVIDER_LEASE, replicas)
+    (standby,) = [r for r in replicas if r is not leader]
+    os.kill(leader.pid, signal.SIGSTOP)
+    try:
+        timeout = LEASE_SECONDS + 3 * RENEW_SECONDS + 5
+        new = await _leader(provider_client, PROVIDER_LEASE, [standby], timeout=timeout)
+        assert new is standby
+    finally:
+        os.kill(leader.pid, signal.SIGCONT)
+    await _until(lambda: "stepping down" in leader.output(), 3 * RENEW_SECONDS + 5, "the leader steps down")
+    await asyncio.sleep(2 * RENEW_SECONDS)
+    assert leader.alive(), leader.output()[-3000:]
+    await leader.until_ready()
+    assert await _leading(leader) == 0.0 and await _leading(standby) == 1.0
+    holder = (await provider_client.get(LEASES, PROVIDER_LEASE, SYSTEM_NAMESPACE))["spec"]["holderIdentity"]
+    assert str(standby.pid) in holder.split("-"), holder
+
+
 async def _leading(replica: Replica) -> float:
     status, text = await replica.get("/metrics")
     assert status == 200

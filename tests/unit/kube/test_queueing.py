@@ -233,3 +233,29 @@ async def test_cancelling_run_stops_the_workers() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert queue.processing == frozenset()
+
+
+async def test_a_key_cancelled_mid_work_is_worked_on_again_by_the_next_run() -> None:
+    """What a leader stepping down does to its workers: the key in hand is not lost."""
+    queue: KeyedQueue[str] = KeyedQueue("stepdown", settings=QueueSettings(workers=1))
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    async def slow(key: str) -> None:
+        seen.append(key)
+        started.set()
+        await asyncio.sleep(60)
+
+    first = asyncio.create_task(queue.run(slow))
+    queue.add("k")
+    await asyncio.wait_for(started.wait(), 5)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    assert len(queue) == 1, "the cancelled key went back to the queue"
+
+    async def quick(key: str) -> None:
+        seen.append(key)
+        queue.shutdown()
+
+    await asyncio.wait_for(queue.run(quick), 5)
+    assert seen == ["k", "k"]
