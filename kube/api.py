@@ -29,6 +29,7 @@ __all__ = [
     "SYSTEM_NAMESPACE",
     "TENANT_NAMESPACE_PREFIX",
     "VIRTUAL_NODE_TAINT_KEY",
+    "WAITING_BLOCK_ANNOTATION",
     "VirtualKubeletExit",
     "is_dns1123_label",
     "is_dns1123_subdomain",
@@ -173,6 +174,11 @@ def twin_namespace(origin: str, consumer_id: str, *, same_name: bool = False) ->
 DEMAND_ANNOTATION = "gpuferry.io/demand"
 """On a twin namespace: what the consumer's pods of its origin wait for, for lack of quota (JSON
 resource list); written by the virtual kubelet, read by the provider controller."""
+
+WAITING_BLOCK_ANNOTATION = "gpuferry.io/waiting-block"
+"""On a twin namespace's request: the largest consumer pod of its origin that waits because no
+node of the grant has a block that large (JSON resource list); written by the virtual kubelet,
+read by the provider's pool, which then places the grant so that one node holds such a block."""
 
 GATEWAY_PUBLIC_KEY_ANNOTATION = "net.gpuferry.io/local-public-key"
 """On a gateway's key Secret and on the PeerNetwork it reconciles: its WireGuard public key, which

@@ -52,7 +52,8 @@ class RemoteSide(Protocol):
     * :meth:`prepare_namespace`: makes that namespace usable before a twin is created, where this
       side makes namespaces; idempotent, and cheap when repeated.
     * :meth:`report_demand`: tells the provider what pods of a namespace wait for beyond its
-      quota (``{}``: nothing); may do nothing; repeating the last demand costs nothing.
+      quota (``{}``: nothing), and the largest one waiting for a block no node of the grant has
+      (``block``); may do nothing; repeating the last report costs nothing.
     * ``informers``: must have listed before anything reconciles pods (the manager runs them and
       the pod controllers wait for them); :meth:`tasks`: long-lived loops the manager runs too
       (per-namespace watches, and those that keep the node's
@@ -69,7 +70,7 @@ class RemoteSide(Protocol):
     def knows(self, key: ObjectKey) -> bool: ...
     def twin_namespace_for(self, origin: str) -> str | None: ...
     async def prepare_namespace(self, origin: str) -> None: ...
-    async def report_demand(self, origin: str, demand: dict[str, str]) -> None: ...
+    async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None: ...
     def add_handler(self, handler: Callable[[ObjectKey], None]) -> None: ...
     def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None: ...
     def tasks(self) -> dict[str, TaskFactory]: ...
@@ -142,8 +143,8 @@ class AdminSide(_TwinsRead):
             await self.provider.create(NAMESPACES, body)
         self._namespaces.add(name)
 
-    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
-        return None  # no tenant quota: nothing waits for one
+    async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None:
+        return None  # no tenant quota and no grant shape: nothing waits for either
 
     def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
         self.twins.add_handler(lambda change: handler(change.key))
@@ -183,8 +184,8 @@ class TenantSide(_TwinsRead):
     async def prepare_namespace(self, origin: str) -> None:
         return None  # the provider made it, with its quota and RBAC
 
-    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
-        await self.twins.report_demand(origin, demand)
+    async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None:
+        await self.twins.report_demand(origin, demand, block)
 
     def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
         self.twins.add_handler(handler)

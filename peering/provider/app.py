@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from kube.api import WAITING_BLOCK_ANNOTATION
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.informers import Change, Informer
@@ -28,6 +29,7 @@ from kube.objects import (
     PODS,
     RESOURCEQUOTAS,
     ObjectKey,
+    RawObject,
     labels,
     meta,
 )
@@ -129,7 +131,16 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     twin_namespaces.add_handler(twin_ns_changed)
     tenants.add_handler(tenant_changed)
     csrs.add_handler(csr_changed)
-    offloadings.add_handler(lambda change: tenant_ns_changed(change.key.namespace))
+    def offloading_changed(change: Change) -> None:
+        tenant_ns_changed(change.key.namespace)
+
+        def block(obj: RawObject | None) -> str | None:
+            return (meta(obj).get("annotations") or {}).get(WAITING_BLOCK_ANNOTATION) if obj else None
+
+        if block(change.old) != block(change.new):
+            pool_changed(change)  # a pod waits for a block (or no more): the grant may be placed anew
+
+    offloadings.add_handler(offloading_changed)
     quotas.add_handler(quota_changed)
     peer_networks.add_handler(peer_network_changed)
     declaration.add_handler(declaration_changed)
@@ -151,7 +162,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
         Controller("tenants", tenants_q, tenant_reconciler, kind="Tenant", informers=[tenants], logger=logger)
     )
     pool = PoolReconciler(client, nodes=nodes, pods=pods, slices=slices, twins=twin_namespaces,
-                          settings=settings)  # fmt: skip
+                          requests=offloadings, settings=settings)  # fmt: skip
     pool_informers = [nodes, pods, slices, twin_namespaces]
     manager.add_controller(
         Controller("pool", pool_q, pool, kind="GPUPool", informers=pool_informers, logger=logger)

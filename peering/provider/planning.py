@@ -23,9 +23,13 @@ refused (``Decision.refused``). Newcomers come last.
 A grant is a *reservation per node* (``shape.nodes``): a node's free capacity is its
 allocatable minus the requests of its non-terminated pods that are not twin pods (twin pods are
 charged to their tenant's grant, not a second time to the node) minus the reservations of the
-slices decided before. GPUs are placed first, node by node (nodes in name order); cpu, memory,
-pods and other resources follow in proportion on the same nodes, so that each node's block in
-``shape.nodes`` is usable on its own.
+slices decided before. GPUs are placed first, node by node; cpu, memory, pods and other
+resources follow in proportion on the same nodes, so that each node's block in ``shape.nodes``
+is usable on its own. The nodes are taken in this order: the nodes the slice already holds (the
+most first: a grant does not wander off the nodes its twins run on), then the others by name.
+When the consumer reports a pod that waits for a block larger than any node of its grant
+(``SliceRequest.block``, from the virtual kubelet), the node that can hold that block with the
+least to spare goes first, so that the grant is re-planned toward a block that fits.
 
 A slice is granted in full, in part (only with ``allowPartial``, and only when every requested
 resource gets something), or denied with a reason (``NoMatchingNodes``, ``InsufficientGPUs``,
@@ -101,6 +105,10 @@ class SliceRequest:
     in_force: Mapping[str, ResourceList] | None = None
     """A changed slice's grant in force per node (``shape.nodes`` decided for its earlier spec)."""
     in_force_labels: Mapping[str, str] = field(default_factory=dict)
+    held: Mapping[str, Decimal] = field(default_factory=dict)
+    """GPUs per node of its grant in force (``shape.nodes``): taken first again."""
+    block: Decimal = Decimal(0)
+    """GPUs of the largest consumer pod waiting for a block no node of the grant has."""
 
     @property
     def order(self) -> tuple[bool, str, str, str]:
@@ -207,8 +215,9 @@ def reservations_of(slices: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, 
     return out
 
 
-def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
-    """The request of a raw GPUSlice (ValueError for quantities the schema should have refused)."""
+def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> SliceRequest:
+    """The request of a raw GPUSlice (ValueError for quantities the schema should have refused);
+    ``block``: GPUs of the largest pod its consumer has waiting for a block."""
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -231,6 +240,9 @@ def slice_request(obj: Mapping[str, Any]) -> SliceRequest:
         holds_grant=bool(holds),
         in_force=in_force,
         in_force_labels=dict(status.get("labels") or {}) if in_force is not None else {},
+        held={str(e["name"]): parse_resource_list(e.get("free")).get(GPU, Decimal(0))
+              for e in (status.get("shape") or {}).get("nodes") or ()} if granted_now else {},
+        block=block,
     )
 
 
@@ -277,19 +289,29 @@ def _take(res: str, need: Decimal, order: Sequence[NodeFree], remaining: dict[st
 
 
 def _spread(want: Mapping[str, Decimal], matching: Sequence[NodeFree], remaining: dict[str, ResourceList],
-            taken: dict[str, ResourceList]) -> ResourceList:
+            taken: dict[str, ResourceList], held: Mapping[str, Decimal] | None = None,
+            block_node: NodeFree | None = None) -> ResourceList:
     """Place the request on nodes; returns the amounts placed (``taken`` gets them per node).
 
     GPUs lead: they are taken node by node, then every other resource follows in proportion
     to the GPUs placed on each node (scaled down with them when the GPUs are short), so that a
     node's block is usable — GPUs with the CPU, memory and pod slots to run them. What cannot
-    be placed beside the GPUs is taken from the other matching nodes."""
+    be placed beside the GPUs is taken from the other matching nodes.
+
+    GPUs come from ``block_node`` first (as many as it has), then from each node up to what it
+    ``held`` before, then from the nodes in order."""
     granted: ResourceList = {}
     if GPU not in want:
         for res, need in sorted(want.items()):
             granted[res] = _take(res, need, matching, remaining, taken)
     else:
-        gpus = granted[GPU] = _take(GPU, want[GPU], matching, remaining, taken)
+        gpus = Decimal(0)
+        if block_node is not None:
+            gpus += _take(GPU, want[GPU], [block_node], remaining, taken)
+        if held:
+            gpus += _take(GPU, want[GPU] - gpus, matching, remaining, taken, dict(held))
+        gpus += _take(GPU, want[GPU] - gpus, matching, remaining, taken)
+        granted[GPU] = gpus
         with_gpus = [n for n in matching if taken.get(n.name, {}).get(GPU, Decimal(0)) > 0]
         others = [n for n in matching if n not in with_gpus]
         scale = gpus / want[GPU]
@@ -308,6 +330,22 @@ def _spread(want: Mapping[str, Decimal], matching: Sequence[NodeFree], remaining
         for res in [r for r, v in amounts.items() if not v]:
             del amounts[res]
     return granted
+
+
+def _block_node(req: SliceRequest, order: Sequence[NodeFree],
+                remaining: Mapping[str, ResourceList]) -> NodeFree | None:
+    """The node to take the waiting block from first: one already held that large, else the one
+    that holds it with the least to spare; None when no block waits or none can hold it."""
+    want = req.resources.get(GPU, Decimal(0))
+    if req.block <= 0 or req.block > want:
+        return None
+    fitting = [n for n in order if remaining[n.name].get(GPU, Decimal(0)) >= req.block]
+    held = [n for n in fitting if req.held.get(n.name, Decimal(0)) >= req.block]
+    if held:
+        return held[0]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda n: (remaining[n.name].get(GPU, Decimal(0)), order.index(n)))
 
 
 def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
@@ -330,7 +368,9 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
         return Decision("Denied", "NoMatchingNodes",
                         f"no schedulable node matches nodeSelector {dict(req.node_selector)}{why}")
     taken: dict[str, ResourceList] = {}
-    granted = _spread(req.resources, matching, remaining, taken)
+    matching = sorted(matching, key=lambda n: (-req.held.get(n.name, Decimal(0)), n.name))
+    granted = _spread(req.resources, matching, remaining, taken, req.held,
+                      _block_node(req, matching, remaining))
     short = sorted(r for r, need in req.resources.items() if granted[r] < need)
     if short:
         detail = ", ".join(f"{r}: requested {format_resource_list({r: req.resources[r]})[r]}, "

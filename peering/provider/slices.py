@@ -9,10 +9,12 @@ did not change are not written.
 
 from __future__ import annotations
 
+import json
 import logging
+from decimal import Decimal
 from typing import Any
 
-from kube.api import GPU_RESOURCE
+from kube.api import GPU_RESOURCE, WAITING_BLOCK_ANNOTATION
 from kube.clients import KubeClient
 from kube.errors import Conflict, KubeError, NotFound
 from kube.informers import Informer
@@ -20,11 +22,11 @@ from kube.logs import object_logger
 from kube.metrics import gauge
 from kube.objects import ObjectKey, RawObject, labels, meta
 from kube.patching import patch_changes
-from kube.quantities import add
+from kube.quantities import add, parse_resource_list
 from kube.reconciling import Requeue
 
 from ..conditions import set_condition
-from ..resources import GPUSLICES, LABEL_TENANT
+from ..resources import GPUSLICES, LABEL_TENANT, TENANT_NAMESPACE_PREFIX
 from .events import record_event
 from .planning import Decision, allocate, free_capacity, reservations_of, slice_request, slice_status
 from .settings import ProviderSettings
@@ -71,10 +73,27 @@ class PoolReconciler:
     """Decides all slices from the caches and writes the statuses that changed."""
 
     def __init__(self, client: KubeClient, *, nodes: Informer, pods: Informer, slices: Informer,
-                 twins: Informer, settings: ProviderSettings) -> None:
+                 twins: Informer, settings: ProviderSettings, requests: Informer | None = None) -> None:
         self.client = client
         self.nodes, self.pods, self.slices, self.twins = nodes, pods, slices, twins
+        self.requests = requests
+        """The tenants' twin-namespace requests (NamespaceOffloadings): their waiting blocks."""
         self.settings = settings
+
+    def _waiting_blocks(self) -> dict[str, Decimal]:
+        """Tenant namespace → GPUs of its largest pod waiting for a block."""
+        out: dict[str, Decimal] = {}
+        for request in self.requests.values() if self.requests is not None else ():
+            ns = str(meta(request).get("namespace") or "")
+            raw = (meta(request).get("annotations") or {}).get(WAITING_BLOCK_ANNOTATION)
+            if not raw or not ns.startswith(TENANT_NAMESPACE_PREFIX):
+                continue
+            try:
+                gpus = parse_resource_list(json.loads(raw)).get(GPU_RESOURCE, Decimal(0))
+            except (ValueError, AttributeError, TypeError):
+                continue  # the consumer's own words: unreadable is nothing
+            out[ns] = max(out.get(ns, Decimal(0)), gpus)
+        return out
 
     async def reconcile(self, key: str) -> Requeue | None:
         for cache in (self.nodes, self.pods, self.slices, self.twins):
@@ -84,9 +103,10 @@ class PoolReconciler:
         free = free_capacity(self.nodes.values(), self.pods.values(), twin_tenants,
                              reservations_of(slices.values()))
         requests = []
+        blocks = self._waiting_blocks()
         for skey, obj in slices.items():
             try:
-                requests.append(slice_request(obj))
+                requests.append(slice_request(obj, block=blocks.get(skey.namespace or "", Decimal(0))))
             except ValueError as exc:
                 object_logger(logger, "GPUSlice", skey).error("invalid request: %s", exc)
         decisions = allocate(free, requests)

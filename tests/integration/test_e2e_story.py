@@ -714,3 +714,49 @@ async def test_provider_pods_taking_granted_gpus_shrink_the_grant_and_the_node_s
     # the pod gone: the grant grows back to what was asked
     await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
                    lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "4", timeout=30)  # fmt: skip
+
+
+async def test_a_pod_waiting_for_a_block_moves_the_grant_to_a_node_that_holds_it(
+    cli: Cli,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """Issue 14 §3: an 8-GPU grant spread 2 + 2 + 2 + 2 (the provider's own pods hold 6 GPUs on
+    each H100 node); one node is emptied; the 8-GPU pod that waited is reported by the virtual
+    kubelet, the provider places the grant as one block of 8 on that node, and the pod runs."""
+    listed = await provider_client.list(NODES, label_selector=H100)
+    h100_nodes = sorted(n["metadata"]["name"] for n in listed["items"])
+    busy = {name: f"provider-own-{i}" for i, name in enumerate(h100_nodes)}
+    for node_name, pod_name in busy.items():
+        await provider_client.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name},
+            "spec": {"nodeName": node_name, "tolerations": [{"operator": "Exists"}], "containers": [
+                {"name": "c", "image": "local", "resources": {"limits": {"nvidia.com/gpu": "6"}}}]},
+        }, "default")  # fmt: skip
+    try:
+        out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id",
+                           "ml-eu", "--remote-cluster-id", "gpu-farm", "--gpus", "8", "--selector", H100,
+                           "-o", "json", "-q", "--no-network")  # fmt: skip
+        assert json.loads(out)["slice"]["largestBlock"]["nvidia.com/gpu"] == "2"
+        ns = await make_namespace(consumer_client)
+        await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+        big = GPU_POD.format(name="big").replace('"1"', '"8"')
+        consumer.kubectl("-n", ns, "create", "-f", "-", input=big)
+        await wait_for(consumer_client, PODS, "big",
+                       lambda p: "largest free block" in (p.get("status") or {}).get("message", ""),
+                       namespace=ns, timeout=60)  # fmt: skip
+        emptied = h100_nodes[2]  # not the first by name: first-fit would give it 4 of 8
+        await provider_client.delete(PODS, busy.pop(emptied), "default", grace_period_seconds=0)
+        await wait_for(consumer_client, PODS, "big",
+                       lambda p: (p.get("status") or {}).get("phase") == "Running",
+                       namespace=ns, timeout=90)  # fmt: skip
+        (twin,) = (await provider_client.list(PODS, f"{ns}-ml-eu"))["items"]
+        assert twin["spec"]["nodeName"] == emptied
+        gslice = await provider_client.get(GPUSLICES, "ml-eu", "gpuferry-tenant-ml-eu")
+        shape = gslice["status"]["shape"]
+        assert [(n["name"], n["free"]["nvidia.com/gpu"]) for n in shape["nodes"]] == [(emptied, "8")], shape
+    finally:
+        for pod_name in busy.values():
+            await provider_client.delete(PODS, pod_name, "default", grace_period_seconds=0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -114,10 +115,10 @@ async def bind(provider: KubeClient, namespace: str, user: str, rules: list[dict
 RO = ["get", "list", "watch"]
 TENANT_RULES = [
     {"apiGroups": ["sharing.gpuferry.io"], "resources": ["gpuslices"], "verbs": ["get", "list", "watch"]},
-    {
+    {  # patch: the virtual kubelet reports on its request what pods wait for (quota, a block)
         "apiGroups": ["offloading.gpuferry.io"],
         "resources": ["namespaceoffloadings"],
-        "verbs": ["get", "list", "watch"],
+        "verbs": ["get", "list", "watch", "patch"],
     },
     # the provider's PeerNetwork for the consumer: where the provider reaches consumer pods
     {"apiGroups": ["net.gpuferry.io"], "resources": ["peernetworks"], "verbs": [*RO, "patch"]},
@@ -295,12 +296,21 @@ async def test_a_scoped_identity_runs_pods_in_granted_twin_namespaces_only(
             consumer_client, PODS, "big", reason_is("ProviderCapacity"), namespace=ns, timeout=30
         )
         assert "largest free block on any provider node is 2" in big["status"]["message"]
+        # and it says so to the provider, whose pool may place the grant anew for it
+        waiting = "gpuferry.io/waiting-block"
+        request = await wait_for(provider_client, NAMESPACEOFFLOADINGS, ns,
+                                 lambda r: waiting in (r["metadata"].get("annotations") or {}),
+                                 namespace=tenant["ns"], timeout=10)  # fmt: skip
+        assert json.loads(request["metadata"]["annotations"][waiting])["nvidia.com/gpu"] == "4"
 
         # the grant grows on one node: the gated pod goes without waiting for a timer
         await grant(provider_client, tenant, {h100[0]: 2, h100[1]: 2, h100[2]: 4})
         await wait_for(consumer_client, PODS, "big", lambda p: p["status"].get("phase") == "Running",
                        namespace=ns, timeout=25)  # fmt: skip
         assert not task.done()
+        await wait_for(provider_client, NAMESPACEOFFLOADINGS, ns,
+                       lambda r: waiting not in (r["metadata"].get("annotations") or {}),
+                       namespace=tenant["ns"], timeout=10)  # fmt: skip
         # nothing it did needed more than the tenant's rights: no request was refused
         assert forbidden() == forbidden_before
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound
 from kube.informers import Informer
@@ -98,6 +99,8 @@ class PodReflector:
         self._events_sent: set[tuple[str, str]] = set()
         self._gated: set[ObjectKey] = set()
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
+        self._block_waiting: dict[ObjectKey, ResourceList] = {}
+        """Pods held because no provider node of the grant has a block as large as they are."""
 
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""
@@ -108,7 +111,7 @@ class PodReflector:
         local, remote = self.local.get(key), self.remote.get(key)
         self._gated.discard(key)
         gone = local is None or bool(local["metadata"].get("deletionTimestamp"))
-        if gone and self._quota_waiting.pop(key, None) is not None:
+        if gone and (self._quota_waiting.pop(key, None), self._block_waiting.pop(key, None)) != (None, None):
             await self._report_demand(key.namespace or "")
         if local is None:
             if remote is not None:
@@ -186,7 +189,15 @@ class PodReflector:
         if self.fitter is not None and (result := self.fitter.fit(local)) is not None and not result.ok:
             await self._gate(local, result, log)
             self._gated.add(key)
+            if result.reason == "ExceedsLargestBlock" and key not in self._block_waiting:
+                # the provider may place the grant anew so that one node holds such a block
+                self._block_waiting[key] = placement_request(local)
+                await self._report_demand(origin_ns)
             return Requeue(GATE_RETRY_SECONDS)
+        self._block_waiting.pop(key, None)
+        # also after a restart, which forgot what it reported: a stale waiting block goes
+        # (repeating the last report costs no API call)
+        await self._report_demand(origin_ns)
         twin = remote_pod(local, self.opts)
         twin["metadata"]["namespace"] = twin_ns
         await self.remote.prepare_namespace(origin_ns)
@@ -226,7 +237,11 @@ class PodReflector:
 
     async def _report_demand(self, origin_ns: str) -> None:
         waiting = [r for k, r in self._quota_waiting.items() if k.namespace == origin_ns]
-        await self.remote.report_demand(origin_ns, format_resource_list(add(*waiting)) if waiting else {})
+        blocks = [r for k, r in self._block_waiting.items() if k.namespace == origin_ns]
+        largest = max(blocks, key=lambda r: (r.get(GPU_RESOURCE, 0), sorted(r.items())), default={})
+        await self.remote.report_demand(
+            origin_ns, format_resource_list(add(*waiting)) if waiting else {}, format_resource_list(largest)
+        )
 
     async def _hold(self, local: RawObject, reason: str, message: str, log: Any) -> None:
         """Keep the pod Pending with ``reason`` and ``message`` (and one Event) until it can go."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from kube import api
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import Forbidden, NotFound
 from kube.informers import Informer
 from kube.objects import NAMESPACEOFFLOADINGS, ObjectKey, RawObject
 from kube.settings import WatchSettings
@@ -32,6 +32,7 @@ __all__ = ["NAMESPACEOFFLOADINGS", "TwinNamespaces", "twin_mapping"]
 logger = logging.getLogger(__name__)
 
 DEMAND_ANNOTATION = api.DEMAND_ANNOTATION
+WAITING_BLOCK_ANNOTATION = api.WAITING_BLOCK_ANNOTATION
 
 
 def twin_mapping(request: RawObject) -> tuple[str, str] | None:
@@ -78,7 +79,8 @@ class TwinNamespaces:
         self._watches = NamespaceTasks("watch-twins")
         self._handlers: list[Callable[[ObjectKey], None]] = []
         self._namespace_handlers: list[Callable[[set[str]], None]] = []
-        self._demand: dict[str, dict[str, str]] = {}
+        self._demand: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._demand_refused: set[str] = set()
         self._applied = False
         self.synced = asyncio.Event()
         """Set once the requests were listed and every twin namespace known then was listed."""
@@ -135,23 +137,35 @@ class TwinNamespaces:
 
     # ---- demand ------------------------------------------------------------------------------
 
-    async def report_demand(self, origin: str, demand: dict[str, str]) -> None:
+    async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None:
         """Tell the provider what pods of ``origin`` wait for beyond its twin namespace's quota
-        (an annotation on the request; the provider moves quota headroom there first)."""
-        if self._demand.get(origin) == demand:
+        (an annotation on the request; the provider moves quota headroom there first), and the
+        largest one waiting for a block (the provider places the grant so that one node holds
+        it, where one can)."""
+        if self._demand.get(origin) == (demand, block) or origin in self._demand_refused:
+            return  # said already, or not ours to say (until a restart)
+        annotations = {
+            DEMAND_ANNOTATION: json.dumps(demand, sort_keys=True) if demand else None,
+            WAITING_BLOCK_ANNOTATION: json.dumps(block, sort_keys=True) if block else None,
+        }
+        request = self.requests.get(ObjectKey(self.tenant_namespace, origin))
+        have = ((request or {}).get("metadata") or {}).get("annotations") or {}
+        if request is not None and all(have.get(k) == v for k, v in annotations.items()):
+            self._demand[origin] = (demand, block)  # the request says so already (a restart)
             return
-        value = json.dumps(demand, sort_keys=True) if demand else None
         try:
-            await self.client.patch(
-                NAMESPACEOFFLOADINGS,
-                origin,
-                {"metadata": {"annotations": {DEMAND_ANNOTATION: value}}},
-                self.tenant_namespace,
-            )
+            body = {"metadata": {"annotations": annotations}}
+            await self.client.patch(NAMESPACEOFFLOADINGS, origin, body, self.tenant_namespace)
         except NotFound:
             return
-        self._demand[origin] = demand
-        logger.info("demand of %s reported to the provider: %s", origin, demand or "none")
+        except Forbidden as exc:  # advisory: an identity that may not say it still runs pods
+            if origin not in self._demand_refused:
+                self._demand_refused.add(origin)
+                logger.warning("demand of %s not reported to the provider: %s", origin, exc)
+            return
+        self._demand[origin] = (demand, block)
+        logger.info("demand of %s reported to the provider: %s, waiting block %s", origin, demand or "none",
+                    block or "none")  # fmt: skip
 
     # ---- running -------------------------------------------------------------------------------
 

@@ -345,3 +345,30 @@ def test_the_virtual_node_advertises_the_grant_in_force_and_zero_once_withdrawn(
         "labels": {"nvidia.com/gpu.product": "L4"},
     }  # fmt: skip
     assert virtual_node_spec_from_grant(withdrawn, None) is None  # denied at once: no node at all
+
+
+def test_a_waiting_block_re_plans_the_grant_toward_a_node_that_holds_it() -> None:
+    """Issue 14 §3: 8 GPUs granted as 2 on each of four nodes (the provider's pods hold 6 on
+    each); one node is emptied; an 8-GPU pod waits. Without its report the grant stays where it
+    is; with it, the grant moves to the emptied node as one block of 8, and stays there."""
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100"}
+    nodes = [node(f"h-{i}", 8, H100) for i in range(4)]
+    busy = [pod("team", f"h-{i}", 6) for i in range(4)]
+    fresh = gslice("a", "s", {"nvidia.com/gpu": 8}, selector=h100)
+    first = decide(nodes, [fresh], busy)[A]
+    assert first.nodes == {f"h-{i}": {"nvidia.com/gpu": 2} for i in range(4)}
+
+    held = granted_slice("a", 8, {f"h-{i}": 2 for i in range(4)}, selector=h100)
+    emptied = busy[:2] + busy[3:]  # h-2 is free now
+    (stays,) = allocate(free_capacity(nodes, emptied), [slice_request(held)]).values()
+    assert stays.nodes == first.nodes, "no pod waits for a block: the grant does not wander"
+    (moved,) = allocate(free_capacity(nodes, emptied), [slice_request(held, block=Decimal(8))]).values()
+    assert moved.granted == {"nvidia.com/gpu": 8} and moved.nodes == {"h-2": {"nvidia.com/gpu": 8}}
+    assert moved.largest == {"nvidia.com/gpu": 8}
+
+    placed = granted_slice("a", 8, {"h-2": 8}, selector=h100)  # the pod runs there; no more waiting
+    (kept,) = allocate(free_capacity(nodes, emptied), [slice_request(placed)]).values()
+    assert kept.nodes == {"h-2": {"nvidia.com/gpu": 8}}
+    # a block larger than the whole grant, or than any node has, changes nothing
+    (same,) = allocate(free_capacity(nodes, busy), [slice_request(held, block=Decimal(8))]).values()
+    assert same.nodes == first.nodes
