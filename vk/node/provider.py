@@ -83,6 +83,9 @@ class ProviderView:
         self._used: dict[str, ResourceList] = {}
         self._free: dict[str, ResourceList] | None = None
         self.nodes_synced = asyncio.Event()
+        self.not_granted: str | None = None
+        """Why the grant has no node now (fed from a GPUSlice that is not granted), for the
+        message of a pod that waits; None: granted, or not fed from a grant."""
         self.pods_synced = asyncio.Event()
 
     @property
@@ -136,6 +139,8 @@ class ProviderView:
             if key not in self.ignored_selector_keys and not key.startswith(PREFIX)
         }
         free = self.per_node_free(selector=selector, tolerations=list(spec.get("tolerations") or ()))
+        if not free and self.not_granted is not None:
+            return FitResult(False, "NothingGranted", self.not_granted)
         return fits_somewhere(placement_request(pod), free)
 
     # ---- watches -------------------------------------------------------------------------------
@@ -216,7 +221,12 @@ class ProviderView:
         labels = {str(k): str(v) for k, v in (status.get("labels") or {}).items()}
         selector = ((slice_obj or {}).get("spec") or {}).get("nodeSelector") or {}
         nodes: dict[str, RawObject] = {}
-        if status.get("phase") in ("Granted", "PartiallyGranted"):
+        phase = status.get("phase")
+        self.not_granted = None if phase in ("Granted", "PartiallyGranted") else (
+            f"the provider grants nothing now (GPUSlice {phase or 'Pending'}"
+            + (f": {status.get('reason')}: {status.get('message')})" if status.get("reason") else ")")
+        )  # fmt: skip
+        if phase in ("Granted", "PartiallyGranted"):
             for entry in (status.get("shape") or {}).get("nodes") or ():
                 nodes[str(entry["name"])] = {
                     "metadata": {"name": entry["name"], "labels": {**labels, **selector}},

@@ -544,3 +544,22 @@ def test_view_counts_the_tainted_nodes_the_grant_tolerates() -> None:
     assert view.largest()["nvidia.com/gpu"] == 8
     fit = view.fit(gpu_pod("p", gpus=4, phase=None))
     assert fit.ok and fit.node == "h100-t"
+
+
+def test_a_pod_waiting_on_a_withdrawn_grant_is_told_so() -> None:
+    view, _ = make_view()
+    block = {"nvidia.com/gpu": "2", "cpu": "8", "memory": "64Gi", "pods": "10"}
+    shape = {"nodes": [{"name": "n1", "free": block}]}
+    granted = {"spec": {}, "status": {"phase": "Granted", "shape": shape}}
+    view.set_granted_nodes(granted)
+    view.mark_pods_synced()
+    assert view.fit(gpu_pod("p")).ok
+    withdrawn = {"spec": {}, "status": {"phase": "Denied", "reason": "NoMatchingNodes",
+                                        "message": "no schedulable node matches"}}  # fmt: skip
+    view.set_granted_nodes(withdrawn)
+    result = view.fit(gpu_pod("p"))
+    assert not result.ok and result.reason == "NothingGranted"
+    assert result.message == (
+        "the provider grants nothing now (GPUSlice Denied: NoMatchingNodes: no schedulable node matches)"
+    )
+    assert "none is Ready" not in result.message
