@@ -60,7 +60,9 @@ def project_sources(repo: Path = REPO) -> list[str]:
         if p.is_file() and any(fnmatch.fnmatchcase(p.name, pat) for pat in _LICENSE_PATTERNS)
     )
     for package in package_dirs(repo):
-        for dirpath, dirnames, filenames in os.walk(repo / package):
+        # followlinks: peering/chart is a link to charts/gpuferry, and the chart (its CRDs
+        # above all) must be in the wheel, or a CLI installed from it cannot install or peer
+        for dirpath, dirnames, filenames in os.walk(repo / package, followlinks=True):
             dirnames[:] = sorted(
                 d for d in dirnames if d not in _SKIPPED_DIRS and not d.endswith(".egg-info")
             )

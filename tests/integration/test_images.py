@@ -45,6 +45,7 @@ from hack.images.wheels import (
     project_sources,
     runtime_requirements,
 )
+from peering.crds import load_crds
 
 CAN_BUILD = os.geteuid() == 0 and all(
     shutil.which(t) for t in ("apt-get", "unshare", "nsenter", "chroot", "ip")
@@ -233,6 +234,14 @@ def test_tools_and_components_run_in_the_gpuferry_image(rootfs: Unpacked) -> Non
     assert ok(chroot(root, "python", "-c", "import sys; print(sys.prefix)")).strip() == VENV
     ok(chroot(root, "python", "-m", "pip", "check"))
     assert ok(chroot(root, "sh", "-c", "command -v gpuferry")).strip() == f"{VENV}/bin/gpuferry"
+    # installed from the wheel, far from any source tree, the CLI finds its CRDs and chart
+    # (issue 14: a wheel once lacked them, and peer failed with "set GPUFERRY_CRDS_DIR")
+    script = ("from peering.crds import crd_dir, load_crds as l; print(crd_dir()); "
+              "print(*[c['metadata']['name'] for c in l()])")
+    where, names = ok(chroot(root, "python", "-c", script)).splitlines()
+    assert where.startswith(VENV) and where.endswith("/peering/chart/crds"), where
+    assert names.split() == [c["metadata"]["name"] for c in load_crds(REPO / "charts/gpuferry/crds")]
+    assert "apiVersion" in ok(chroot(root, "sh", "-c", f"cat {where}/../Chart.yaml"))
 
 
 def installed_debs(root: Path) -> set[str]:
