@@ -11,6 +11,7 @@ from kube.objects import (
     CONFIGMAPS,
     CSRS,
     ENDPOINTSLICES,
+    FOREIGNCLUSTERS,
     NAMESPACES,
     PODS,
     SECRETS,
@@ -91,6 +92,15 @@ async def teardown(
         progress(f"removed {what}")
     for name in [*twins, ns]:
         await wait_gone(provider, NAMESPACES, name, None, timeout)
+    # the provider's ForeignCluster for the consumer (role Consumer), which its controller removes
+    # when the Tenant goes; last, so that a pass of that controller already under way when the
+    # Tenant went cannot make it again afterwards
+    with contextlib.suppress(NotFound):
+        found = await provider.get(FOREIGNCLUSTERS, consumer_id)
+        if (found.get("spec") or {}).get("role") == "Consumer":
+            await provider.delete(FOREIGNCLUSTERS, consumer_id)
+            progress(f"removed provider: foreigncluster/{consumer_id}")
+            removed.append(f"provider: foreigncluster/{consumer_id}")
     return removed
 
 
