@@ -17,6 +17,7 @@ __all__ = [
     "GATEWAY_PUBLIC_KEY_ANNOTATION",
     "GATEWAY_SLOT_ANNOTATION",
     "GPU_RESOURCE",
+    "GRANT_PIN_REFUSAL",
     "KUBELET_SERVING_SIGNER",
     "LABEL_MANAGED_BY",
     "MANAGED_BY",
@@ -174,6 +175,11 @@ def twin_namespace(origin: str, consumer_id: str, *, same_name: bool = False) ->
 DEMAND_ANNOTATION = "gpuferry.io/demand"
 """On a twin namespace: what the consumer's pods of its origin wait for, for lack of quota (JSON
 resource list); written by the virtual kubelet, read by the provider controller."""
+
+GRANT_PIN_REFUSAL = "must keep to the nodes of its grant"
+"""In the provider's refusal of a twin whose node selector leaves the nodes of the tenant's grant
+(its admission policy): while a grant moves to other nodes, a twin made for the old ones is
+refused so for a moment; the virtual kubelet waits rather than fail the pod."""
 
 WAITING_BLOCK_ANNOTATION = "gpuferry.io/waiting-block"
 """On a twin namespace's request: the largest consumer pod of its origin that waits because no

@@ -234,13 +234,19 @@ class ForeignClusterReconciler:
             raise Waiting("VirtualNodeReady", "NoGrant", "nothing is granted: no virtual node")
         if grant is not None:
             selector = dict(((spec.get("slice") or {}).get("nodeSelector")) or {})
+            tolerations = (spec.get("slice") or {}).get("tolerations") or ()
+            refused = ((decided or {}).get("status") or {}).get("refusedChange") or {}
+            if existing is not None and refused.get("generation") == meta(decided or {}).get("generation"):
+                # the change was refused: the twins go where the grant in force is, as before
+                selector = dict(advertised.get("providerNodeSelector") or {}) if advertised else {}
+                tolerations = (advertised or {}).get("providerTolerations") or ()
             body = virtual_node(
                 provider_id=provider_id,
                 consumer_id=consumer_id,
                 grant=grant,
                 selector=selector,
                 secret=identity_secret_name(provider_id),
-                tolerations=(spec.get("slice") or {}).get("tolerations") or (),
+                tolerations=tolerations,
             )
             if existing is None or differs(existing.get("spec") or {}, body["spec"]):
                 await self.consumer.patch(

@@ -13,11 +13,14 @@ are served throughout (:mod:`kube.manager`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from kube.api import WAITING_BLOCK_ANNOTATION
+from kube.backoff import Backoff
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
+from kube.errors import KubeError
 from kube.informers import Change, Informer
 from kube.manager import Controller, Manager
 from kube.objects import (
@@ -47,10 +50,11 @@ from ..resources import (
     TENANTS,
     tenant_namespace,
 )
+from .admission import twin_admission_objects
 from .networks import TenantNetworkReconciler
 from .settings import ProviderSettings
 from .slices import POOL, PoolReconciler, project_node, project_pod
-from .tenants import ANNOTATION_TENANT, TenantReconciler
+from .tenants import ANNOTATION_TENANT, TenantReconciler, apply
 from .twins import TwinReconciler
 
 __all__ = ["build_provider", "run_provider"]
@@ -169,10 +173,29 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     )
     twins = TwinReconciler(client, settings=settings)
     manager.add_controller(Controller("twins", twins_q, twins, kind="TenantNamespace", logger=logger))
+    manager.add_task("twin-admission", lambda: keep_twin_admission(client, settings))
     networks = TenantNetworkReconciler(client, peer_networks=peer_networks, settings=settings)
     manager.add_controller(Controller("tenant_networks", networks_q, networks, kind="Tenant",
                                       informers=[tenants, peer_networks], logger=logger))  # fmt: skip
     return manager
+
+
+async def keep_twin_admission(client: KubeClient, settings: ProviderSettings) -> None:
+    """Apply the twin namespaces' admission policies, and again every resync (a deleted one
+    comes back); an error is logged with the object and retried with backoff."""
+    backoff = Backoff(base=1.0, cap=60.0)
+    while True:
+        try:
+            for resource, body in twin_admission_objects():
+                await apply(client, resource, body, settings.field_manager)
+        except KubeError as exc:
+            delay = backoff.next()
+            logger.warning("%s %s: cannot apply (%s); retrying in %.0fs", resource.kind,
+                           body["metadata"]["name"], exc, delay)  # fmt: skip
+            await asyncio.sleep(delay)
+            continue
+        backoff.reset()
+        await asyncio.sleep(settings.resync_seconds)
 
 
 async def run_provider(

@@ -24,6 +24,7 @@ from ..resources import (
     LABEL_TENANT,
     MANAGED_BY,
 )
+from .admission import pin_annotations
 from .quotas import FIXED_LIMITS
 
 __all__ = [
@@ -173,13 +174,18 @@ def owned_labels(consumer_id: str, **extra: str) -> dict[str, str]:
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id, **extra}
 
 
-def twin_namespace(name: str, consumer_id: str, origin: str, pod_security: str) -> RawObject:
-    """A twin namespace, labelled as the tenant's, with Pod Security admission enforced."""
+def twin_namespace(name: str, consumer_id: str, origin: str, pod_security: str,
+                   pinned: Mapping[str, str] | None = None) -> RawObject:
+    """A twin namespace, labelled as the tenant's, with Pod Security admission enforced, and the
+    node selector its pods must carry (``pinned``: see :mod:`peering.provider.admission`)."""
     labels = owned_labels(consumer_id, **{LABEL_ORIGIN_NAMESPACE: origin})
     for mode in ("enforce", "audit", "warn"):
         labels[f"pod-security.kubernetes.io/{mode}"] = pod_security
         labels[f"pod-security.kubernetes.io/{mode}-version"] = POD_SECURITY_VERSION
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    metadata: dict[str, Any] = {"name": name, "labels": labels}
+    if pinned:
+        metadata["annotations"] = pin_annotations(pinned)
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 
 def grant_quota(namespace: str, consumer_id: str, hard: Mapping[str, Decimal]) -> RawObject:

@@ -105,6 +105,7 @@ class SliceRequest:
     in_force: Mapping[str, ResourceList] | None = None
     """A changed slice's grant in force per node (``shape.nodes`` decided for its earlier spec)."""
     in_force_labels: Mapping[str, str] = field(default_factory=dict)
+    in_force_selector: Mapping[str, str] = field(default_factory=dict)
     held: Mapping[str, Decimal] = field(default_factory=dict)
     """GPUs per node of its grant in force (``shape.nodes``): taken first again."""
     block: Decimal = Decimal(0)
@@ -129,6 +130,8 @@ class Decision:
     labels: Mapping[str, str] = field(default_factory=dict)
     refused: tuple[str, str] | None = None
     """The current spec was refused (reason, message); the grant above is the one in force."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """The node selector the grant in force was decided for (its twins are pinned to it)."""
 
     @property
     def largest(self) -> ResourceList:
@@ -240,6 +243,7 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
         holds_grant=bool(holds),
         in_force=in_force,
         in_force_labels=dict(status.get("labels") or {}) if in_force is not None else {},
+        in_force_selector=dict(status.get("nodeSelector") or {}) if in_force is not None else {},
         held={str(e["name"]): parse_resource_list(e.get("free")).get(GPU, Decimal(0))
               for e in (status.get("shape") or {}).get("nodes") or ()} if granted_now else {},
         block=block,
@@ -386,7 +390,8 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
         for res, amount in amounts.items():
             remaining[node_name][res] -= amount
     used_nodes = [n for n in matching if n.name in taken]
-    return Decision(phase, reason, message, granted, taken, _uniform_labels(used_nodes))
+    return Decision(phase, reason, message, granted, taken, _uniform_labels(used_nodes),
+                    node_selector=dict(req.node_selector))
 
 
 def _keep(req: SliceRequest, remaining: dict[str, ResourceList]) -> Decision | None:
@@ -413,7 +418,7 @@ def _keep(req: SliceRequest, remaining: dict[str, ResourceList]) -> Decision | N
             remaining[node_name][res] -= amount
     phase = "Granted" if granted == {r: v for r, v in held.items() if v > 0} else "PartiallyGranted"
     return Decision(phase, "GrantInForce", "the grant decided before the change", granted, taken,
-                    dict(req.in_force_labels))
+                    dict(req.in_force_labels), node_selector=dict(req.in_force_selector))
 
 
 def _give_back(remaining: dict[str, ResourceList], decision: Decision) -> dict[str, ResourceList]:
@@ -475,4 +480,5 @@ def slice_status(decision: Decision) -> dict[str, Any]:
                       for name, free in sorted(decision.nodes.items())],
         },
         "labels": dict(decision.labels),
+        "nodeSelector": dict(decision.node_selector),
     }

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -88,6 +89,17 @@ def demand_of(request: RawObject) -> ResourceList:
         return {}
 
 
+def pinned_selector(slices: list[RawObject]) -> dict[str, str]:
+    """The node selector a tenant's pods must carry: what every grant in force was decided for
+    (``status.nodeSelector``; the keys and values they share when there are several)."""
+    selectors = [dict((s.get("status") or {}).get("nodeSelector") or {}) for s in slices
+                 if (s.get("status") or {}).get("phase") in _GRANTED and not meta(s).get("deletionTimestamp")]
+    if not selectors:
+        return {}
+    first, *rest = selectors
+    return {k: v for k, v in first.items() if all(other.get(k) == v for other in rest)}
+
+
 def tenant_grant(slices: list[RawObject]) -> ResourceList:
     """The tenant's total grant: Σ status.granted of its granted slices."""
     return add(*(parse_resource_list((s.get("status") or {}).get("granted"))
@@ -121,10 +133,12 @@ class TwinReconciler:
         wanted: dict[str, RawObject] = {}   # twin namespace -> request
         ready: list[str] = []
         pending = False
+        slices = (await self.client.list(GPUSLICES, tenant_ns))["items"]
+        pinned = pinned_selector(slices)
         for req in requests:
             if meta(req).get("deletionTimestamp"):
                 continue
-            outcome = await self._ensure_namespace(req, consumer_id, spec, existing, len(wanted), log)
+            outcome = await self._ensure_namespace(req, consumer_id, spec, existing, len(wanted), log, pinned)
             if outcome is None:
                 continue
             name, is_ready = outcome
@@ -147,7 +161,6 @@ class TwinReconciler:
         for req in requests:  # requests being deleted: their namespace is gone or going
             if meta(req).get("deletionTimestamp") and not await self._release(req, existing):
                 pending = True
-        slices = (await self.client.list(GPUSLICES, tenant_ns))["items"]
         # pods still terminating in leaving namespaces keep their share until they are gone
         grant = sub(tenant_grant(slices), await self._still_used(leaving))
         demand = {name: demand_of(req) for name, req in wanted.items()}
@@ -176,7 +189,8 @@ class TwinReconciler:
 
     async def _ensure_namespace(self, req: RawObject, consumer_id: str, spec: dict[str, Any],
                                 existing: dict[str, RawObject], count: int,
-                                log: logging.LoggerAdapter[logging.Logger]) -> tuple[str, bool] | None:
+                                log: logging.LoggerAdapter[logging.Logger],
+                                pinned: Mapping[str, str]) -> tuple[str, bool] | None:
         rspec = req.get("spec") or {}
         origin = rspec.get("originNamespace")
         if not origin:
@@ -223,7 +237,7 @@ class TwinReconciler:
                 "finalizers": [*finalizers, FINALIZER], "resourceVersion": meta(req)["resourceVersion"]}},
                 meta(req)["namespace"])
         pod_security = str(spec.get("podSecurity") or "baseline")
-        body = twin_namespace(name, consumer_id, origin, pod_security)
+        body = twin_namespace(name, consumer_id, origin, pod_security, pinned)
         created = await apply(self.client, NAMESPACES, body, self.settings.field_manager)
         if ns is None:
             log.info("created twin namespace %s for %s (pod security %s)", name, origin, pod_security)

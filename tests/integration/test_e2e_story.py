@@ -33,8 +33,10 @@ from kube.objects import (
     PODS,
     RESOURCEQUOTAS,
     SECRETS,
+    SERVICES,
     VALIDATINGADMISSIONPOLICIES,
     VALIDATINGADMISSIONPOLICYBINDINGS,
+    VIRTUALNODES,
     RawObject,
     Resource,
 )
@@ -308,12 +310,17 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             await me.list(SECRETS, "kube-system")
         with pytest.raises(Forbidden):
             await me.create(PODS, gpu_pod("outside", 1), "default")
+        # (on the grant's nodes, as its pods must be: see the test of issue 16 below)
+        on_h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
         privileged = gpu_pod("root", 1)
         privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+        privileged["spec"]["nodeSelector"] = on_h100
         with pytest.raises(Forbidden, match="privileged"):
             await me.create(PODS, privileged, twin_ns)
+        greedy = gpu_pod("greedy", 5)
+        greedy["spec"]["nodeSelector"] = on_h100
         with pytest.raises(Forbidden, match="exceeded quota"):
-            await me.create(PODS, gpu_pod("greedy", 5), twin_ns)
+            await me.create(PODS, greedy, twin_ns)
         await me.list(PODS, twin_ns)  # what it may do, it can
 
         # unpeer with the consumer on both sides: refused before anything is touched
@@ -641,6 +648,9 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
         assert f"the provider refused the change ({reason}" in err and "stays: " in err, err
         assert "nvidia.com/gpu=2" in err, err
         await grant_in_force("2", reason)
+        # new twins still go where the grant in force is, not to the refused product
+        vn = await consumer_client.get(VIRTUALNODES, "gpu-farm", "gpuferry-system")
+        assert vn["spec"]["providerNodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 
     # fewer: granted; the node shows 1 within seconds, and both running pods keep running
     await cli.ok(*peer, "--gpus", "1", "--selector", H100)
@@ -760,3 +770,70 @@ async def test_a_pod_waiting_for_a_block_moves_the_grant_to_a_node_that_holds_it
     finally:
         for pod_name in busy.values():
             await provider_client.delete(PODS, pod_name, "default", grace_period_seconds=0)
+
+
+async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
+    cli: Cli, consumer_client: KubeClient, provider_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    """Issue 16 (items 1 to 3), with the identity the provider issued, straight at its API server:
+    the tenant's pods stay on the nodes of its grant (H100 here), take no priority class, and its
+    Services no externalIPs. Each refusal is the provider's admission policy, word for word."""
+    await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
+                 "--remote-cluster-id", "gpu-farm", "--gpus", "2", "--selector", H100, "-q",
+                 "--no-network")  # fmt: skip
+    ns = await make_namespace(consumer_client)
+    await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    twin_ns = f"{ns}-ml-eu"
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    l4_node = sorted(n["metadata"]["name"] for n in (await provider_client.list(
+        NODES, label_selector="nvidia.com/gpu.product=NVIDIA-L4"))["items"])[0]  # fmt: skip
+    secret = await consumer_client.get(SECRETS, "gpuferry-identity-gpu-farm", "gpuferry-system")
+    kubeconfig = base64.b64decode(secret["data"]["kubeconfig"])
+
+    def hostile(name: str, **spec: Any) -> RawObject:
+        pod = gpu_pod(name, 1)
+        pod["spec"].update(spec)
+        return pod
+
+    pinned = "a tenant's pod must keep to the nodes of its grant: its nodeSelector must carry " \
+             "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"  # fmt: skip
+    cases: list[tuple[Resource, RawObject, str]] = [
+        (PODS, hostile("named", nodeName=l4_node, nodeSelector=h100),
+         "a tenant's pod may not name its node: the provider's scheduler places it on the nodes of the "
+         "grant"),
+        (PODS, hostile("other-product", nodeSelector={"nvidia.com/gpu.product": "NVIDIA-L4"}), pinned),
+        (PODS, hostile("anywhere"), pinned),
+        (PODS, hostile("preempting", nodeSelector=h100, priorityClassName="system-node-critical"),
+         "a tenant's pod may not take a priority class (system-node-critical): it could preempt the "
+         "provider's own workloads"),
+        (SERVICES, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "intercept"},
+                    "spec": {"ports": [{"port": 80}], "externalIPs": ["172.31.0.2"]}},
+         "a tenant's Service may not have externalIPs (CVE-2020-8554: they intercept traffic to those "
+         "addresses for the whole provider cluster)"),
+    ]  # fmt: skip
+    async with KubeClient.from_kubeconfig_data(kubeconfig) as me:
+        for _ in range(40):  # the provider controller applies its policies when it starts leading
+            try:
+                await me.create(PODS, hostile("probe"), twin_ns)
+            except Forbidden as exc:
+                if "must keep to the nodes" in str(exc):
+                    break
+                raise
+            await me.delete(PODS, "probe", twin_ns)
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("the twin-namespace policy never took effect")
+        for resource, body, refusal in cases:
+            with pytest.raises(Forbidden) as refused:
+                await me.create(resource, body, twin_ns)
+            assert refusal in str(refused.value), (body["metadata"]["name"], str(refused.value))
+        # what the virtual kubelet does is allowed: on the grant's nodes, a plain ClusterIP Service
+        await me.create(PODS, hostile("fine", nodeSelector=h100), twin_ns)
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "plain"},
+                   "spec": {"ports": [{"port": 80}]}}  # fmt: skip
+        created = await me.create(SERVICES, service, twin_ns)
+        created["spec"]["externalIPs"] = ["172.31.0.2"]  # and not afterwards either
+        with pytest.raises(Forbidden, match="externalIPs"):
+            await me.replace(SERVICES, "plain", created, twin_ns)
+        for resource, name in ((PODS, "fine"), (SERVICES, "plain")):
+            await me.delete(resource, name, twin_ns)

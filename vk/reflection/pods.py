@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kube.api import GPU_RESOURCE
+from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound
 from kube.informers import Informer
@@ -213,6 +213,12 @@ class PodReflector:
         except Forbidden as exc:
             if "cannot create resource" in exc.message:
                 raise  # RBAC: the tenant's role may not be bound yet; retried with backoff
+            if GRANT_PIN_REFUSAL in str(exc):
+                # the grant moves to other nodes and this twin was made for the old ones: the
+                # virtual node follows in a moment; wait for it rather than fail the pod
+                await self._hold(local, REASON_QUOTA, f"the provider's grant is moving: {exc.message}", log)
+                self._gated.add(key)
+                return Requeue(QUOTA_RETRY_SECONDS)
             if "exceeded quota" not in str(exc):
                 # admission (Pod Security, a policy): the pod as written never runs there; say why
                 await self._reject(local, str(exc.message), log)
