@@ -19,7 +19,7 @@ from cryptography import x509
 from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import NAMESPACES, NODES, PODS, SECRETS, RawObject
+from kube.objects import FOREIGNCLUSTERS, NAMESPACES, NODES, PODS, SECRETS, RawObject
 from kube.quantities import format_quantity, parse_quantity, sum_requests
 
 from .. import flow
@@ -89,6 +89,13 @@ async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list
         except NotFound:
             secret = None
         labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        try:
+            fc: RawObject | None = await client.get(FOREIGNCLUSTERS, str(spec.get("providerClusterID") or ""))
+        except NotFound:
+            fc = None
+        # a change the provider refused: the grant above is the one before it (and the refused
+        # spec is asked again on every pass, so that room appearing later grants it)
+        refused = (((fc or {}).get("status") or {}).get("slice") or {}).get("refusedChange")
         providers.append(
             {
                 "id": spec.get("providerClusterID"),
@@ -110,6 +117,7 @@ async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list
                     "notAfter": _not_after(secret),
                 },
                 "network": "not configured",
+                **({"refusedChange": dict(refused)} if refused else {}),
             }
         )
     offloaded = []
@@ -253,6 +261,11 @@ def _render(data: dict[str, Any], console: Any) -> None:
                 str(p["identity"]["notAfter"] or "-"),
             )
         console.print(t)
+        for p in data["providers"]:
+            if p.get("refusedChange"):
+                change = p["refusedChange"]
+                console.print(f"{p['id']}: the provider refused the last change to the slice "
+                              f"({change.get('reason')}: {change.get('message')}); the grant above stays")
         pool = data["pool"]
         console.print(
             f"GPU pool: {pool['gpus']['granted']} granted by {pool['providers']} providers "

@@ -577,6 +577,13 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
         await provider_client.get(NAMESPACES, ns)
 
 
+def peer_quietly(cli: Cli) -> list[str]:
+    """``gpuferry peer`` ml-eu with gpu-farm, quiet and without the network fabric (for the
+    tests about GPUs, not packets); the GPUs and the selector follow."""
+    return ["peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
+            "--remote-cluster-id", "gpu-farm", "-q", "--no-network"]  # fmt: skip
+
+
 def node_gpus_are(value: str) -> Any:
     return lambda node: node["status"]["capacity"].get("nvidia.com/gpu") == value
 
@@ -600,8 +607,7 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
     provider_client: KubeClient,
     make_namespace: NamespaceFactory,
 ) -> None:
-    peer = ["peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
-            "--remote-cluster-id", "gpu-farm", "-q", "--no-network"]  # fmt: skip
+    peer = peer_quietly(cli)
     await cli.ok(*peer, "--gpus", "2", "--selector", H100)
     ns = await make_namespace(consumer_client)
     twin_ns = f"{ns}-ml-eu"
@@ -648,6 +654,8 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
         assert f"the provider refused the change ({reason}" in err and "stays: " in err, err
         assert "nvidia.com/gpu=2" in err, err
         await grant_in_force("2", reason)
+        info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))
+        assert info["providers"][0]["refusedChange"]["reason"] == reason, info["providers"]
         # new twins still go where the grant in force is, not to the refused product
         vn = await consumer_client.get(VIRTUALNODES, "gpu-farm", "gpuferry-system")
         assert vn["spec"]["providerNodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -657,6 +665,8 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
     await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
                    lambda n: n["status"]["capacity"].get("nvidia.com/gpu") == "1", timeout=30)  # fmt: skip
     await grant_in_force("1", None)
+    info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))
+    assert "refusedChange" not in info["providers"][0], info["providers"]
 
     # another product: granted there; the pods on the H100 twins are not touched
     l4 = "nvidia.com/gpu.product=NVIDIA-L4"
@@ -699,9 +709,7 @@ async def test_provider_pods_taking_granted_gpus_shrink_the_grant_and_the_node_s
     l4 = "nvidia.com/gpu.product=NVIDIA-L4"
     listed = await provider_client.list(NODES, label_selector=l4)
     l4_nodes = sorted(n["metadata"]["name"] for n in listed["items"])
-    out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
-                       "--remote-cluster-id", "gpu-farm", "--gpus", "4", "--selector", l4, "-o", "json", "-q",
-                       "--no-network")  # fmt: skip
+    out = await cli.ok(*peer_quietly(cli), "--gpus", "4", "--selector", l4, "-o", "json")
     assert json.loads(out)["slice"]["granted"]["nvidia.com/gpu"] == "4"  # every L4 GPU (2 nodes x 2)
     local = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "provider-own-job"},
              "spec": {"nodeName": l4_nodes[0], "containers": [{"name": "c", "image": "local",
@@ -746,9 +754,7 @@ async def test_a_pod_waiting_for_a_block_moves_the_grant_to_a_node_that_holds_it
                 {"name": "c", "image": "local", "resources": {"limits": {"nvidia.com/gpu": "6"}}}]},
         }, "default")  # fmt: skip
     try:
-        out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id",
-                           "ml-eu", "--remote-cluster-id", "gpu-farm", "--gpus", "8", "--selector", H100,
-                           "-o", "json", "-q", "--no-network")  # fmt: skip
+        out = await cli.ok(*peer_quietly(cli), "--gpus", "8", "--selector", H100, "-o", "json")
         assert json.loads(out)["slice"]["largestBlock"]["nvidia.com/gpu"] == "2"
         ns = await make_namespace(consumer_client)
         await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
@@ -778,9 +784,7 @@ async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
     """Issue 16 (items 1 to 3), with the identity the provider issued, straight at its API server:
     the tenant's pods stay on the nodes of its grant (H100 here), take no priority class, and its
     Services no externalIPs. Each refusal is the provider's admission policy, word for word."""
-    await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
-                 "--remote-cluster-id", "gpu-farm", "--gpus", "2", "--selector", H100, "-q",
-                 "--no-network")  # fmt: skip
+    await cli.ok(*peer_quietly(cli), "--gpus", "2", "--selector", H100)
     ns = await make_namespace(consumer_client)
     await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
     twin_ns = f"{ns}-ml-eu"

@@ -264,43 +264,30 @@ class PodReflector:
     async def _reject(self, local: RawObject, said: str, log: Any) -> None:
         """The provider refuses the twin (Pod Security, an admission policy, validation): the pod
         fails with the provider's own words, as a kubelet fails a pod it cannot admit."""
-        meta = local["metadata"]
         message = f"provider {self.opts.provider_cluster_id} refused the pod: {said}"
-        status = {
-            "phase": "Failed",
-            "reason": REASON_REJECTED,
-            "message": message,
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": REASON_REJECTED, "lastTransitionTime": _now()},
-            ],
-        }
-        await self.consumer.patch(
-            PODS, meta["name"], {"status": status}, meta["namespace"], subresource="status"
-        )
-        await self._event(local, "Warning", REASON_REJECTED, message)
-        log.warning("%s", message)
+        await self._fail(local, REASON_REJECTED, message, log)
 
     async def _report_deleted_twin(self, local: RawObject, log: Any) -> None:
-        meta = local["metadata"]
         message = "the twin pod on the provider was deleted outside gpuferry"
+        await self._fail(local, REASON_DELETED, message, log)
+
+    async def _fail(self, local: RawObject, reason: str, message: str, log: Any) -> None:
+        """The pod ends Failed with ``reason`` and ``message``, not ready, and one Event says so."""
+        meta = local["metadata"]
+        now = _now()
         status = {
             "phase": "Failed",
-            "reason": REASON_DELETED,
+            "reason": reason,
             "message": message,
             "conditions": [
-                {"type": "Ready", "status": "False", "reason": REASON_DELETED, "lastTransitionTime": _now()},
-                {
-                    "type": "ContainersReady",
-                    "status": "False",
-                    "reason": REASON_DELETED,
-                    "lastTransitionTime": _now(),
-                },
+                {"type": kind, "status": "False", "reason": reason, "lastTransitionTime": now}
+                for kind in ("Ready", "ContainersReady")
             ],
         }
         await self.consumer.patch(
             PODS, meta["name"], {"status": status}, meta["namespace"], subresource="status"
         )
-        await self._event(local, "Warning", REASON_DELETED, message)
+        await self._event(local, "Warning", reason, message)
         log.warning("%s", message)
 
     # ---- updates -------------------------------------------------------------------------------
