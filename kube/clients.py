@@ -71,28 +71,40 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
-    def from_kubeconfig(cls, path: str | os.PathLike[str], context: str | None = None,
-                        settings: ClientSettings | None = None) -> KubeClient:
+    def from_kubeconfig(
+        cls, path: str | os.PathLike[str], context: str | None = None, settings: ClientSettings | None = None
+    ) -> KubeClient:
         """A client for ``context`` (default: the current one) of the kubeconfig at ``path``."""
         return cls(load_kubeconfig(path, context), settings)
 
     @classmethod
-    def from_kubeconfig_data(cls, data: str | bytes, context: str | None = None,
-                             settings: ClientSettings | None = None, *, source: str = "<data>") -> KubeClient:
+    def from_kubeconfig_data(
+        cls,
+        data: str | bytes,
+        context: str | None = None,
+        settings: ClientSettings | None = None,
+        *,
+        source: str = "<data>",
+    ) -> KubeClient:
         """A client for a kubeconfig held in memory (a Secret's value), never written to disk."""
         return cls(load_kubeconfig_data(data, context, source=source), settings)
 
     @classmethod
-    def in_cluster(cls, settings: ClientSettings | None = None,
-                   account_dir: os.PathLike[str] | str = SERVICE_ACCOUNT_DIR) -> KubeClient:
+    def in_cluster(
+        cls, settings: ClientSettings | None = None, account_dir: os.PathLike[str] | str = SERVICE_ACCOUNT_DIR
+    ) -> KubeClient:
         """A client for the pod's own cluster, authenticated as its service account."""
         from pathlib import Path
 
         return cls(in_cluster(account_dir=Path(account_dir)), settings)
 
     @classmethod
-    def from_config(cls, kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None,
-                    settings: ClientSettings | None = None) -> KubeClient:
+    def from_config(
+        cls,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        context: str | None = None,
+        settings: ClientSettings | None = None,
+    ) -> KubeClient:
         """From ``kubeconfig`` if given, else ``$KUBECONFIG``, else in-cluster, else ``~/.kube/config``."""
         path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
         if path:
@@ -110,8 +122,9 @@ class KubeClient:
         await self.open()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def open(self) -> None:
@@ -120,13 +133,15 @@ class KubeClient:
             return
         await self.connection.prepare()
         ssl_ctx = self.connection.ssl_context()
-        connector = aiohttp.TCPConnector(ssl=ssl_ctx if ssl_ctx is not None else True,
-                                         limit=self.settings.max_connections)
+        connector = aiohttp.TCPConnector(
+            ssl=ssl_ctx if ssl_ctx is not None else True, limit=self.settings.max_connections
+        )
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers={"User-Agent": self.settings.user_agent, "Accept": "application/json"},
-            timeout=aiohttp.ClientTimeout(total=self.settings.request_timeout,
-                                          connect=self.settings.connect_timeout),
+            timeout=aiohttp.ClientTimeout(
+                total=self.settings.request_timeout, connect=self.settings.connect_timeout
+            ),
         )
 
     async def close(self) -> None:
@@ -195,7 +210,11 @@ class KubeClient:
         _REQUESTS.labels(verb).inc()
         try:
             async with self.session.request(
-                method, self.base_url + path, params=_query(params), data=data, headers=hdrs,
+                method,
+                self.base_url + path,
+                params=_query(params),
+                data=data,
+                headers=hdrs,
                 server_hostname=self.connection.tls_server_name,
             ) as resp:
                 body = await resp.read()
@@ -230,14 +249,19 @@ class KubeClient:
         Connection errors, including those while reading the body, are raised classified.
         """
         hdrs = await self._headers(headers)
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.settings.connect_timeout,
-                                        sock_read=read_timeout)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=self.settings.connect_timeout, sock_read=read_timeout
+        )
         await self.limiter.acquire()
         verb = _verb(method, params, streaming=True)
         _REQUESTS.labels(verb).inc()
         try:
             async with self.session.request(
-                method, self.base_url + path, params=_query(params), headers=hdrs, timeout=timeout,
+                method,
+                self.base_url + path,
+                params=_query(params),
+                headers=hdrs,
+                timeout=timeout,
                 server_hostname=self.connection.tls_server_name,
             ) as resp:
                 if resp.status >= 400:
@@ -255,8 +279,9 @@ class KubeClient:
     # -- typed verbs ---------------------------------------------------------------------------
 
     @staticmethod
-    def _namespace(resource: Resource, namespace: str | None,
-                   body: Mapping[str, Any] | None = None) -> str | None:
+    def _namespace(
+        resource: Resource, namespace: str | None, body: Mapping[str, Any] | None = None
+    ) -> str | None:
         if not resource.namespaced:
             return None
         if namespace is None and body is not None:
@@ -264,11 +289,13 @@ class KubeClient:
             return str(found) if found else None
         return namespace
 
-    async def get(self, resource: Resource, name: str, namespace: str | None = None, *,
-                  subresource: str | None = None) -> RawObject:
+    async def get(
+        self, resource: Resource, name: str, namespace: str | None = None, *, subresource: str | None = None
+    ) -> RawObject:
         """One object (or a subresource of it, such as ``status`` or ``scale``)."""
-        return await self.request("GET", resource.path(namespace, name, subresource),
-                                  key=ObjectKey(namespace, name))
+        return await self.request(
+            "GET", resource.path(namespace, name, subresource), key=ObjectKey(namespace, name)
+        )
 
     async def list(
         self,
@@ -286,7 +313,9 @@ class KubeClient:
         """
         items: list[RawObject] = []
         params: dict[str, str | int | None] = {
-            "labelSelector": label_selector, "fieldSelector": field_selector, "limit": limit,
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit,
             "resourceVersion": resource_version,
         }
         path = resource.path(namespace)
@@ -300,8 +329,12 @@ class KubeClient:
             token = md.get("continue")
             if not token:
                 break
-            params = {"labelSelector": label_selector, "fieldSelector": field_selector,
-                      "limit": limit, "continue": token}
+            params = {
+                "labelSelector": label_selector,
+                "fieldSelector": field_selector,
+                "limit": limit,
+                "continue": token,
+            }
         return {
             "apiVersion": resource.api_version,
             "kind": f"{resource.kind}List",
@@ -309,21 +342,42 @@ class KubeClient:
             "items": items,
         }
 
-    async def create(self, resource: Resource, body: RawObject, namespace: str | None = None, *,
-                     name: str | None = None, subresource: str | None = None,
-                     field_manager: str | None = None, dry_run: bool = False) -> RawObject:
+    async def create(
+        self,
+        resource: Resource,
+        body: RawObject,
+        namespace: str | None = None,
+        *,
+        name: str | None = None,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> RawObject:
         """Create an object (POST to the collection), or POST to a subresource of ``name``."""
         ns = self._namespace(resource, namespace, body)
         key = ObjectKey(ns, name or (body.get("metadata") or {}).get("name") or "")
         params = {"fieldManager": field_manager, "dryRun": "All" if dry_run else None}
         return await self.request("POST", resource.path(ns, name, subresource), params, json=body, key=key)
 
-    async def replace(self, resource: Resource, name: str, body: RawObject, namespace: str | None = None, *,
-                      subresource: str | None = None, field_manager: str | None = None) -> RawObject:
+    async def replace(
+        self,
+        resource: Resource,
+        name: str,
+        body: RawObject,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        field_manager: str | None = None,
+    ) -> RawObject:
         """PUT the whole object (``metadata.resourceVersion`` in ``body`` guards against races)."""
         ns = self._namespace(resource, namespace, body)
-        return await self.request("PUT", resource.path(ns, name, subresource),
-                                  {"fieldManager": field_manager}, json=body, key=ObjectKey(ns, name))
+        return await self.request(
+            "PUT",
+            resource.path(ns, name, subresource),
+            {"fieldManager": field_manager},
+            json=body,
+            key=ObjectKey(ns, name),
+        )
 
     async def patch(
         self,
@@ -341,8 +395,11 @@ class KubeClient:
             raise ValueError("server-side apply needs a field_manager")
         params = {"fieldManager": field_manager, "force": force}
         return await self.request(
-            "PATCH", resource.path(namespace if resource.namespaced else None, name, subresource), params,
-            data=orjson.dumps(body), headers={"Content-Type": _PATCH_CONTENT_TYPES[patch_type]},
+            "PATCH",
+            resource.path(namespace if resource.namespaced else None, name, subresource),
+            params,
+            data=orjson.dumps(body),
+            headers={"Content-Type": _PATCH_CONTENT_TYPES[patch_type]},
             key=ObjectKey(namespace, name),
         )
 
@@ -369,8 +426,12 @@ class KubeClient:
         preconditions = {"uid": preconditions_uid, "resourceVersion": preconditions_resource_version}
         if any(preconditions.values()):
             options["preconditions"] = {k: v for k, v in preconditions.items() if v}
-        return await self.request("DELETE", resource.path(namespace if resource.namespaced else None, name),
-                                  json=options, key=ObjectKey(namespace, name))
+        return await self.request(
+            "DELETE",
+            resource.path(namespace if resource.namespaced else None, name),
+            json=options,
+            key=ObjectKey(namespace, name),
+        )
 
     async def server_version(self) -> RawObject:
         """``/version``: ``gitVersion``, ``major``, ``minor``…"""

@@ -12,6 +12,10 @@ where they run and listen:
 ``endpointAddress``, ``endpointPort``
     where peers reach this cluster's gateways (a provider's NodePort or LoadBalancer address; each
     gateway listens on ``endpointPort`` + its slot, 51820 by default);
+``nodeCIDRs``
+    where this cluster's nodes are (optional, comma-separated): the gateways refuse a peer whose
+    CIDRs overlap them, or their own ``endpointAddress``, as they refuse any that overlaps their
+    own addresses;
 ``mtu``
     of this cluster's tunnel interfaces (default 1420: a 1500-byte underlay less WireGuard's
     worst case); lower it for an underlay that already encapsulates (e.g. 1370 over VXLAN).
@@ -54,6 +58,8 @@ class Declaration:
     endpoint_address: str | None = None
     endpoint_port: int = DEFAULT_PORT
     mtu: int | None = None
+    node_cidrs: tuple[str, ...] = ()
+    """Where the cluster's nodes are (optional): a peer CIDR overlapping one is refused."""
 
     @property
     def embedded(self) -> bool:
@@ -93,6 +99,7 @@ def declaration_from_configmap(cm: Mapping[str, Any] | None, *, side: str) -> De
     data = cm.get("data") or {}
     pods = _cidrs(str(data.get("podCIDRs", "")), "podCIDRs", where)
     services = _cidrs(str(data.get("serviceCIDRs", "")), "serviceCIDRs", where)
+    nodes = _cidrs(str(data.get("nodeCIDRs", "")), "nodeCIDRs", where) if data.get("nodeCIDRs") else ()
     for service in services:
         for pod in pods:
             if ip_network(service).overlaps(ip_network(pod)):
@@ -121,4 +128,5 @@ def declaration_from_configmap(cm: Mapping[str, Any] | None, *, side: str) -> De
         gateway_ip=gateway_ip,
         endpoint_address=data.get("endpointAddress") or None,
         endpoint_port=int(port_text),
+        node_cidrs=nodes,
     )

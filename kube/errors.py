@@ -38,6 +38,7 @@ __all__ = [
     "TooManyRequests",
     "Unauthorized",
     "Unreachable",
+    "admission_refusal",
     "from_exception",
     "from_response",
     "is_temporary",
@@ -82,6 +83,13 @@ class Unauthorized(KubeError):
 
 class Forbidden(KubeError):
     """403: authenticated, but RBAC, admission or a quota refuses the request."""
+
+
+def admission_refusal(error: KubeError) -> str:
+    """What an admission policy said, without the API server's preamble ("... is forbidden:
+    ValidatingAdmissionPolicy 'x' with binding 'x' denied request: <what it said>")."""
+    _, found, said = error.message.partition("denied request: ")
+    return said.strip() if found else error.message
 
 
 class NotFound(KubeError):
@@ -256,6 +264,7 @@ def from_exception(exc: BaseException, key: ObjectKey | None = None) -> KubeErro
     if type(exc).__module__.startswith("kubernetes_asyncio") and isinstance(status, int) and status:
         headers: Mapping[str, str] = getattr(exc, "headers", None) or {}
         body = getattr(exc, "body", None)
-        return from_response(status, body or getattr(exc, "reason", ""), key,
-                             retry_after=headers.get("Retry-After"))
+        return from_response(
+            status, body or getattr(exc, "reason", ""), key, retry_after=headers.get("Retry-After")
+        )
     return KubeError(str(exc) or type(exc).__name__, reason=type(exc).__name__, object_key=key)

@@ -23,8 +23,15 @@ from typing import Any
 import orjson
 import yaml
 
-__all__ = ["SERVICE_ACCOUNT_DIR", "ConfigError", "Connection", "ExecPlugin", "in_cluster", "load_kubeconfig",
-           "load_kubeconfig_data"]
+__all__ = [
+    "SERVICE_ACCOUNT_DIR",
+    "ConfigError",
+    "Connection",
+    "ExecPlugin",
+    "in_cluster",
+    "load_kubeconfig",
+    "load_kubeconfig_data",
+]
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
@@ -49,8 +56,11 @@ class ExecPlugin:
         request = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {"interactive": False}}
         env = {**os.environ, **dict(self.env), "KUBERNETES_EXEC_INFO": orjson.dumps(request).decode()}
         proc = await asyncio.create_subprocess_exec(
-            self.command, *self.args, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            self.command,
+            *self.args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()
         if proc.returncode != 0:
@@ -229,5 +239,6 @@ def in_cluster(environ: dict[str, str] | None = None, account_dir: Path = SERVIC
         raise ConfigError(f"not in a cluster: {token_file} does not exist")
     if ":" in host:
         host = f"[{host}]"  # IPv6
-    return Connection(server=f"https://{host}:{port}", ca_pem=(account_dir / "ca.crt").read_bytes(),
-                      token_file=token_file)
+    return Connection(
+        server=f"https://{host}:{port}", ca_pem=(account_dir / "ca.crt").read_bytes(), token_file=token_file
+    )

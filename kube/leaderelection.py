@@ -76,8 +76,9 @@ class LeaderElector:
         if spec.get("holderIdentity") != self.identity:
             spec["acquireTime"] = _micro(now)
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if lease else 0)
-        spec.update(holderIdentity=self.identity, leaseDurationSeconds=self.lease_seconds,
-                    renewTime=_micro(now))
+        spec.update(
+            holderIdentity=self.identity, leaseDurationSeconds=self.lease_seconds, renewTime=_micro(now)
+        )
         md: RawObject = {"name": self.name, "namespace": self.namespace}
         if lease is not None:
             md["resourceVersion"] = meta(lease)["resourceVersion"]
@@ -147,8 +148,9 @@ class LeaderElector:
                 except KubeError as exc:
                     logger.warning("Lease %s/%s: renewal failed: %s", self.namespace, self.name, exc)
                 if _now() - last > timedelta(seconds=self.lease_seconds):
-                    raise LostLeadership(f"Lease {self.namespace}/{self.name} not renewed for "
-                                         f"{self.lease_seconds}s")
+                    raise LostLeadership(
+                        f"Lease {self.namespace}/{self.name} not renewed for {self.lease_seconds}s"
+                    )
         finally:
             self._set_leading(False)
             with contextlib.suppress(Exception):

@@ -32,8 +32,9 @@ def _name(name: str) -> str:
     return name if name.startswith(PREFIX) else PREFIX + name
 
 
-def _get_or_make(cls: type[_M], name: str, documentation: str, labelnames: Sequence[str],
-                 **kwargs: object) -> _M:
+def _get_or_make(
+    cls: type[_M], name: str, documentation: str, labelnames: Sequence[str], **kwargs: object
+) -> _M:
     full = _name(name)
     labels = tuple(labelnames)
     with _lock:
@@ -62,8 +63,9 @@ def gauge(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Gaug
     return _get_or_make(Gauge, name, documentation, labelnames)
 
 
-def histogram(name: str, documentation: str, labelnames: Sequence[str] = (),
-              buckets: Sequence[float] = DURATION_BUCKETS) -> Histogram:
+def histogram(
+    name: str, documentation: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = DURATION_BUCKETS
+) -> Histogram:
     """A histogram named ``gpuferry_<name>``; the default buckets suit durations in seconds."""
     return _get_or_make(Histogram, name, documentation, labelnames, buckets=tuple(buckets))
 

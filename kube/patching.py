@@ -52,7 +52,11 @@ def apply_merge_patch(target: Any, patch: Any) -> Any:
 
 
 async def patch_status(
-    client: KubeClient, resource: Resource, key: ObjectKey, status: Mapping[str, Any], *,
+    client: KubeClient,
+    resource: Resource,
+    key: ObjectKey,
+    status: Mapping[str, Any],
+    *,
     resource_version: str | None = None,
 ) -> RawObject:
     """Merge ``status`` into the object's ``status`` through the status subresource.
@@ -66,8 +70,13 @@ async def patch_status(
 
 
 async def patch_changes(
-    client: KubeClient, resource: Resource, old: RawObject, new: RawObject, *,
-    subresource: str | None = None, guard: bool = False,
+    client: KubeClient,
+    resource: Resource,
+    old: RawObject,
+    new: RawObject,
+    *,
+    subresource: str | None = None,
+    guard: bool = False,
 ) -> RawObject:
     """Send the merge patch from ``old`` to ``new``; nothing (and ``old`` returned) if equal.
 

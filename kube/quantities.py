@@ -43,8 +43,18 @@ ResourceList = dict[str, Decimal]
 # 60 significant digits: 7Ei with nano precision needs 29, headroom for sums of many of them.
 _CONTEXT = decimal.Context(prec=60, rounding=decimal.ROUND_HALF_EVEN, traps=[decimal.InvalidOperation])
 
-_DECIMAL_SUFFIXES: dict[str, int] = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12,
-                                     "P": 15, "E": 18}
+_DECIMAL_SUFFIXES: dict[str, int] = {
+    "n": -9,
+    "u": -6,
+    "m": -3,
+    "": 0,
+    "k": 3,
+    "M": 6,
+    "G": 9,
+    "T": 12,
+    "P": 15,
+    "E": 18,
+}
 _BINARY_SUFFIXES: dict[str, int] = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _QUANTITY = re.compile(r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?P<suffix>[a-zA-Z0-9+-]*)")
 _EXPONENT = re.compile(r"[eE](?P<exp>[+-]?[0-9]+)")
@@ -55,9 +65,18 @@ _NANO = Decimal("1e-9")
 _MILLI = Decimal("1e-3")
 
 # Resources whose amounts are bytes (formatted with binary suffixes when exact).
-_BYTE_RESOURCES = frozenset({"memory", "storage", "ephemeral-storage", "requests.memory",
-                             "limits.memory", "requests.storage", "requests.ephemeral-storage",
-                             "limits.ephemeral-storage"})
+_BYTE_RESOURCES = frozenset(
+    {
+        "memory",
+        "storage",
+        "ephemeral-storage",
+        "requests.memory",
+        "limits.memory",
+        "requests.storage",
+        "requests.ephemeral-storage",
+        "limits.ephemeral-storage",
+    }
+)
 # Resources that may be set at pod level (spec.resources, KEP-2837) and override container sums.
 _POD_LEVEL_RESOURCES = ("cpu", "memory")
 
@@ -92,8 +111,10 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
         return _CONTEXT.multiply(number, Decimal(2 ** _BINARY_SUFFIXES[suffix]))
     exponent = _EXPONENT.fullmatch(suffix)
     if exponent is None:
-        raise ValueError(f"invalid quantity {value!r}: unknown suffix {suffix!r} (expected one of "
-                         "n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent like e3)")
+        raise ValueError(
+            f"invalid quantity {value!r}: unknown suffix {suffix!r} (expected one of "
+            "n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent like e3)"
+        )
     exp = int(exponent["exp"])
     if abs(exp) > _MAX_EXPONENT:
         raise ValueError(f"invalid quantity {value!r}: exponent {exp} out of range")
@@ -135,8 +156,8 @@ def format_quantity(value: Decimal | int, like: str = "") -> str:
 def _format_bytes(integer: int) -> str:
     candidates = [str(integer)]
     for suffix, power in _BINARY_SUFFIXES.items():
-        if integer % (2 ** power) == 0:
-            candidates.append(f"{integer // 2 ** power}{suffix}")
+        if integer % (2**power) == 0:
+            candidates.append(f"{integer // 2**power}{suffix}")
     for suffix in ("k", "M", "G", "T", "P", "E"):
         unit = 10 ** _DECIMAL_SUFFIXES[suffix]
         if integer % unit == 0:
@@ -193,8 +214,9 @@ def fits(request: Mapping[str, Decimal], free: Mapping[str, Decimal]) -> list[st
 
     Zero or negative requests always fit; a resource absent from ``free`` has none free.
     """
-    return sorted(name for name, amount in request.items()
-                  if amount > 0 and amount > free.get(name, Decimal(0)))
+    return sorted(
+        name for name, amount in request.items() if amount > 0 and amount > free.get(name, Decimal(0))
+    )
 
 
 def container_requests(container: Mapping[str, Any]) -> ResourceList:

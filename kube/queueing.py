@@ -40,8 +40,9 @@ _DEPTH = metrics.gauge("queue_depth", "Keys waiting in a work queue.", ["queue"]
 _ADDS = metrics.counter("queue_adds", "Keys added to a work queue (before deduplication).", ["queue"])
 _RETRIES = metrics.counter("queue_retries", "Keys re-added with a backoff after a failure.", ["queue"])
 _WORK = metrics.histogram("queue_work_duration_seconds", "Time spent processing one key.", ["queue"])
-_WAIT = metrics.histogram("queue_wait_duration_seconds", "Time a key waited before a worker took it.",
-                          ["queue"])
+_WAIT = metrics.histogram(
+    "queue_wait_duration_seconds", "Time a key waited before a worker took it.", ["queue"]
+)
 
 
 class KeyedQueue(Generic[K]):
@@ -220,8 +221,10 @@ class KeyedQueue(Generic[K]):
         count = workers if workers is not None else self.settings.workers
         if count < 1:
             raise ValueError(f"queue {self.name}: at least one worker is needed, not {count}")
-        tasks = [asyncio.create_task(self._worker(handler), name=f"queue-{self.name}-worker-{i}")
-                 for i in range(count)]
+        tasks = [
+            asyncio.create_task(self._worker(handler), name=f"queue-{self.name}-worker-{i}")
+            for i in range(count)
+        ]
         try:
             await self._closed.wait()
             with contextlib.suppress(TimeoutError):

@@ -53,8 +53,9 @@ class Reconciler(Protocol[K_contra]):
     async def reconcile(self, key: K_contra) -> Requeue | None: ...
 
 
-def _handler(queue: KeyedQueue[K], reconciler: Reconciler[K], kind: str,
-             logger: logging.Logger) -> Callable[[K], Awaitable[float | None]]:
+def _handler(
+    queue: KeyedQueue[K], reconciler: Reconciler[K], kind: str, logger: logging.Logger
+) -> Callable[[K], Awaitable[float | None]]:
     async def handle(key: K) -> float | None:
         log = object_logger(logger, kind, key)
         outcome = "error"
@@ -111,4 +112,3 @@ async def run_workers(
     workers = (settings or queue.settings).workers
     handle = _handler(queue, reconciler, kind, logger or logging.getLogger(__name__))
     await queue.run(handle, workers=workers)
-

@@ -67,8 +67,9 @@ class _FromEnv:
         return {f.name: f"{prefix}{cls.section}_{f.name.upper()}" for f in dataclasses.fields(cls)}
 
     @classmethod
-    def from_env(cls, prefix: str = "GPUFERRY_", environ: Mapping[str, str] | None = None,
-                 **overrides: Any) -> Self:
+    def from_env(
+        cls, prefix: str = "GPUFERRY_", environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Self:
         """Defaults, overridden by the environment, overridden by keyword arguments.
 
         Raises ``ValueError`` naming the variable when a value cannot be parsed.

@@ -31,8 +31,9 @@ async def _guarded(coro: Coroutine[Any, Any, T], name: str, logger: logging.Logg
         return None
 
 
-def create_guarded_task(coro: Coroutine[Any, Any, T], name: str, *,
-                        logger: logging.Logger | None = None) -> asyncio.Task[T | None]:
+def create_guarded_task(
+    coro: Coroutine[Any, Any, T], name: str, *, logger: logging.Logger | None = None
+) -> asyncio.Task[T | None]:
     """A task named ``name`` whose exception is logged (with the name) and swallowed.
 
     Its result is ``None`` when it failed. Cancellation propagates as usual.
@@ -49,8 +50,9 @@ async def _cancel_all(tasks: Mapping[str, asyncio.Task[Any]], logger: logging.Lo
             logger.error("task %s failed while stopping", name, exc_info=result)
 
 
-async def run_supervised(roots: Mapping[str, Coroutine[Any, Any, Any]], *,
-                         logger: logging.Logger | None = None) -> str:
+async def run_supervised(
+    roots: Mapping[str, Coroutine[Any, Any, Any]], *, logger: logging.Logger | None = None
+) -> str:
     """Run ``roots`` (name → coroutine) until the first ends; stop the others; return its name.
 
     If the first task to end raised, its exception is logged with its name and re-raised after

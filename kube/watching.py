@@ -98,12 +98,21 @@ def backoff_delay(failures: int, settings: WatchSettings, retry_after: float | N
 
 
 async def _list(
-    client: KubeClient, resource: Resource, namespace: str | None, label_selector: str | None,
-    field_selector: str | None, settings: WatchSettings,
+    client: KubeClient,
+    resource: Resource,
+    namespace: str | None,
+    label_selector: str | None,
+    field_selector: str | None,
+    settings: WatchSettings,
 ) -> tuple[str, list[RawObject]]:
     try:
-        listing = await client.list(resource, namespace, label_selector=label_selector,
-                                    field_selector=field_selector, limit=settings.page_size)
+        listing = await client.list(
+            resource,
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            limit=settings.page_size,
+        )
     except NotFound as exc:  # a list is never "not found" for lack of objects: the type is missing
         served = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
         raise ResourceNotServed(
@@ -114,8 +123,13 @@ async def _list(
 
 
 async def _watch(
-    client: KubeClient, resource: Resource, namespace: str | None, label_selector: str | None,
-    field_selector: str | None, settings: WatchSettings, resource_version: str,
+    client: KubeClient,
+    resource: Resource,
+    namespace: str | None,
+    label_selector: str | None,
+    field_selector: str | None,
+    settings: WatchSettings,
+    resource_version: str,
 ) -> AsyncIterator[tuple[str, RawObject]]:
     """(type, object) of one watch connection, BOOKMARK included; ERROR events are raised."""
     params: dict[str, str | int | bool | None] = {
@@ -165,8 +179,9 @@ async def watch_objects(
         attempts += 1
         try:
             if rv is None:
-                listed_rv, items = await _list(client, resource, namespace, label_selector, field_selector,
-                                               settings)
+                listed_rv, items = await _list(
+                    client, resource, namespace, label_selector, field_selector, settings
+                )
                 failures = 0
                 keys = []
                 for obj in items:
@@ -175,8 +190,9 @@ async def watch_objects(
                 rv = listed_rv
                 yield Listed(listed_rv, frozenset(keys))
                 continue
-            async for kind, obj in _watch(client, resource, namespace, label_selector, field_selector,
-                                          settings, rv):
+            async for kind, obj in _watch(
+                client, resource, namespace, label_selector, field_selector, settings, rv
+            ):
                 failures = 0
                 new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if new_rv:
@@ -207,6 +223,11 @@ async def watch_objects(
             failures += 1
             retry_after = error.retry_after if isinstance(error, TooManyRequests) else None
             delay = backoff_delay(failures, settings, retry_after)
-            logger.warning("watch of %s failed (%s); retrying from resourceVersion %s in %.2fs",
-                           what, error, rv or "(list)", delay)
+            logger.warning(
+                "watch of %s failed (%s); retrying from resourceVersion %s in %.2fs",
+                what,
+                error,
+                rv or "(list)",
+                delay,
+            )
             await asyncio.sleep(delay)

@@ -60,6 +60,7 @@ __all__ = [
     "gateway_up",
     "leftovers",
     "plan_gateway",
+    "refuse_reserved",
     "resolve_endpoint",
 ]
 
@@ -113,6 +114,25 @@ class GatewayPlan:
     endpoint: str | None = field(default=None)
 
 
+def refuse_reserved(local: ClusterNetwork, spec: PeerSpec) -> None:
+    """Refuse a peer CIDR that overlaps a range of this side outside its pod and Service CIDRs.
+    A peer CIDR that overlaps a local pod or Service CIDR is remapped instead: it is reached under
+    another view and nothing of this side is routed away. Pure; raises `NetworkConfigError`
+    naming the field."""
+    fields = [("spec.podCIDRs", i, c) for i, c in enumerate(spec.pod_cidrs)]
+    fields += [("spec.serviceCIDRs", i, c) for i, c in enumerate(spec.service_cidrs)]
+    for field_name, index, cidr in fields:
+        if any(cidr.overlaps(own) for own in local.all_cidrs):
+            continue  # remapped
+        for reserved in local.reserved:
+            if cidr.overlaps(reserved.network):
+                raise NetworkConfigError(
+                    f"the peer's CIDR {cidr} overlaps {reserved.what} ({reserved.network}): routing it "
+                    "to the tunnel would hand this side's own traffic to the peer",
+                    f"{field_name}[{index}]",
+                )
+
+
 def plan_gateway(
     local: ClusterNetwork,
     spec: PeerSpec,
@@ -140,6 +160,7 @@ def plan_gateway(
             f" {', '.join(map(str, local.pod_cidrs))}",
             "gateway_ip",
         )
+    refuse_reserved(local, spec)
     remaps = tuple(plan_remaps(local, spec.cidrs, pool=settings.pool, taken=taken, existing=existing))
     count = len(spec.pod_cidrs)
     peer = PeerNetwork(

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network
 
 from kube.api import GATEWAY_SLOT_ANNOTATION
@@ -38,7 +38,7 @@ from kube.objects import annotations as annotations_of
 from netfabric.app import run_gateway
 from netfabric.gateway import GatewaySettings, leftovers
 from netfabric.ipam import DEFAULT_POOL
-from netfabric.model import ClusterNetwork
+from netfabric.model import ClusterNetwork, Reserved
 from netfabric.nat import table_name_for
 from netfabric.objects import PEERNETWORKS
 from netfabric.wireguard import BackendKind
@@ -149,6 +149,19 @@ def slot_of(obj: RawObject) -> int | None:
     return int(value) if value.isdigit() and int(value) < MAX_SLOTS else None
 
 
+def declared_network(declaration: Declaration) -> ClusterNetwork:
+    """The local network a declaration describes, its node CIDRs and public endpoint reserved. Pure."""
+    local = ClusterNetwork.from_strings(list(declaration.pod_cidrs), list(declaration.service_cidrs))
+    reserved = [Reserved(IPv4Network(c), "this cluster's node CIDR") for c in declaration.node_cidrs]
+    try:
+        endpoint = IPv4Address(declaration.endpoint_address or "")
+    except ValueError:
+        endpoint = None  # a DNS name, or none
+    if endpoint is not None:
+        reserved.append(Reserved(IPv4Network(endpoint), "this cluster's gateway endpoint"))
+    return replace(local, reserved=tuple(reserved))
+
+
 class Gateways:
     """One task per PeerNetwork (see the module docstring)."""
 
@@ -156,7 +169,7 @@ class Gateways:
         self.client = client
         self.declaration = declaration
         self.settings = settings
-        self.local = ClusterNetwork.from_strings(list(declaration.pod_cidrs), list(declaration.service_cidrs))
+        self.local = declared_network(declaration)
         # every PeerNetwork of the cluster: slots are shared by all the gateways of its namespace
         self.informer = Informer(client, PEERNETWORKS)
         self.tasks: dict[ObjectKey, asyncio.Task[None]] = {}

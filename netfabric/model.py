@@ -24,6 +24,7 @@ __all__ = [
     "PeerNetwork",
     "PoolExhausted",
     "Remap",
+    "Reserved",
     "SourceNatMode",
     "parse_cidr",
 ]
@@ -151,11 +152,24 @@ class Remap:
 
 
 @dataclass(frozen=True)
+class Reserved:
+    """An address range of this side that is not a pod or Service CIDR: the gateway's own
+    addresses, its public endpoint, the nodes. A peer CIDR that overlaps one is refused: routing
+    it to the tunnel would hand this side's own traffic to the peer (issue 16 §4)."""
+
+    network: IPv4Network
+    what: str
+    """What it is, for the refusal (e.g. ``the gateway's address on wan``)."""
+
+
+@dataclass(frozen=True)
 class ClusterNetwork:
     """The local cluster's own address space, as declared by its operator."""
 
     pod_cidrs: tuple[IPv4Network, ...]
     service_cidrs: tuple[IPv4Network, ...] = ()
+    reserved: tuple[Reserved, ...] = ()
+    """Ranges of this side outside its pod and Service CIDRs (see `Reserved`)."""
 
     def __post_init__(self) -> None:
         _check_networks(self.pod_cidrs, "pod_cidrs")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
@@ -27,8 +27,9 @@ from netfabric.gateway import (
     plan_gateway,
     resolve_endpoint,
 )
-from netfabric.model import ClusterNetwork, NetworkConfigError
+from netfabric.model import ClusterNetwork, NetworkConfigError, Reserved
 from netfabric.peerspec import peer_spec_from_object
+from netfabric.routes import own_networks
 from netfabric.wgconfig import parse_endpoint
 from netfabric.wireguard import Backend, detect_backend
 
@@ -71,6 +72,17 @@ def _previous(obj: Mapping[str, Any]) -> tuple[dict[str, IPv4Network], tuple[IPv
     return existing, last_seen
 
 
+async def with_own_addresses(local: ClusterNetwork, *, netns: str | None) -> ClusterNetwork:
+    """``local`` with the gateway namespace's own address ranges reserved (those outside the
+    local pod and Service CIDRs: a WAN, the loopback, a node's network in host mode)."""
+    own = tuple(
+        Reserved(network, f"this gateway's own address range on {ifname}")
+        for network, ifname in await own_networks(netns=netns)
+        if not any(network.subnet_of(cidr) for cidr in local.all_cidrs)
+    )
+    return replace(local, reserved=local.reserved + own)
+
+
 def _conditions(obj: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
     return list((obj.get("status") or {}).get("conditions") or [])
 
@@ -94,6 +106,7 @@ async def reconcile_peer(
     try:
         spec = peer_spec_from_object(obj)
         endpoint = await resolve_endpoint(spec.endpoint)
+        local = await with_own_addresses(local, netns=settings.netns)
         plan = plan_gateway(
             local,
             spec,
@@ -141,4 +154,3 @@ async def refresh_status(
         backend=backend.kind.value,
     )
     return Reconciled(status, plan, condition, backend)
-

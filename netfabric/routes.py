@@ -33,6 +33,7 @@ __all__ = [
     "link_exists",
     "observed_routes",
     "observed_rules",
+    "own_networks",
     "sync_routes",
 ]
 
@@ -69,6 +70,21 @@ async def device_towards(address: IPv4Address, *, netns: str | None = None) -> s
             if oif is not None:
                 return names.get(int(oif))
     return None
+
+
+async def own_networks(*, netns: str | None = None) -> list[tuple[IPv4Network, str]]:
+    """Every IPv4 address of the namespace as its network (``172.31.0.2/24`` → ``172.31.0.0/24``),
+    with the interface that holds it (``ip -4 addr``)."""
+    async with _open(netns) as ipr:
+        names = await _names(ipr)
+        found: list[tuple[IPv4Network, str]] = []
+        async for message in await ipr.get_addr(family=AF_INET):
+            address = message.get("IFA_ADDRESS") or message.get("IFA_LOCAL")
+            if not address:
+                continue
+            network = IPv4Network(f"{address}/{message['prefixlen']}", strict=False)
+            found.append((network, names.get(int(message["index"]), "?")))
+    return found
 
 
 def _open(netns: str | None) -> AsyncIPRoute:

@@ -178,9 +178,7 @@ def parse_get(text: str) -> DeviceState:
     for peer in peers:
         seconds = int(peer.get("last_handshake_time_sec", ["0"])[0])
         nanos = int(peer.get("last_handshake_time_nsec", ["0"])[0])
-        handshake = (
-            datetime.fromtimestamp(seconds + nanos / 1e9, tz=UTC) if seconds or nanos else None
-        )
+        handshake = datetime.fromtimestamp(seconds + nanos / 1e9, tz=UTC) if seconds or nanos else None
         allowed: list[IPv4Network] = []
         for value in peer.get("allowed_ip", []):
             network = ip_network(value, strict=False)

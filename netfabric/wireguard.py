@@ -344,4 +344,3 @@ async def detect_backend(*, netns: str | None = None, prefer: BackendKind | None
     if prefer is BackendKind.KERNEL:
         raise TunnelError("kernel WireGuard was asked for, but this kernel has no wireguard module")
     return UserspaceBackend(netns=netns)
-

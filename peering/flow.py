@@ -90,8 +90,10 @@ async def _ensure_namespace(client: KubeClient, name: str, labels: Mapping[str, 
         await client.get(NAMESPACES, name)
         return
     with contextlib.suppress(AlreadyExists):
-        await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                         "metadata": {"name": name, "labels": dict(labels)}})
+        await client.create(
+            NAMESPACES,
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": dict(labels)}},
+        )
 
 
 # -- authentication -------------------------------------------------------------------------------
@@ -131,8 +133,9 @@ def bootstrap_client(server: str, ca_pem: bytes | None, token: str) -> KubeClien
     return KubeClient(Connection(server=server, ca_pem=ca_pem, token=token))
 
 
-async def _consumer_key_and_csr(consumer: KubeClient, consumer_id: str, provider_id: str,
-                                namespace: str) -> tuple[RawObject, bytes, bytes]:
+async def _consumer_key_and_csr(
+    consumer: KubeClient, consumer_id: str, provider_id: str, namespace: str
+) -> tuple[RawObject, bytes, bytes]:
     """The identity Secret on the consumer with a private key and CSR (made once)."""
     await _ensure_namespace(consumer, namespace, {LABEL_MANAGED_BY: MANAGED_BY})
     name = identity_secret_name(provider_id)
@@ -142,9 +145,14 @@ async def _consumer_key_and_csr(consumer: KubeClient, consumer_id: str, provider
         key = make_private_key()
         csr = make_csr(key, consumer_username(consumer_id), (CONSUMERS_GROUP,))
         body: RawObject = {
-            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "namespace": namespace,
-                         "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONSUMER_PROVIDER: provider_id}},
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_CONSUMER_PROVIDER: provider_id},
+            },
             "data": {"tls.key": b64(key), "csr.pem": b64(csr)},
         }
         try:
@@ -235,27 +243,46 @@ async def authenticate(
             key_pem = make_private_key()
             csr_pem = make_csr(key_pem, consumer_username(consumer_id), (CONSUMERS_GROUP,))
             kept = {k: v for k, v in data.items() if k in ("kubeconfig", "ca.crt", "server")}
-            secret = await consumer.replace(SECRETS, meta(secret)["name"], {
-                **secret, "data": {**kept, "tls.key": b64(key_pem), "csr.pem": b64(csr_pem)}}, namespace)
+            secret = await consumer.replace(
+                SECRETS,
+                meta(secret)["name"],
+                {**secret, "data": {**kept, "tls.key": b64(key_pem), "csr.pem": b64(csr_pem)}},
+                namespace,
+            )
         else:
             with contextlib.suppress(NotFound):
                 tenant = await provider.get(TENANTS, consumer_id, ns)
                 identity = (tenant.get("status") or {}).get("identity") or {}
                 if identity.get("certificate") == data["tls.crt"]:
                     progress(f"already peered: {identity.get('username')} until {identity.get('notAfter')}")
-                    return IssuedIdentity(str(identity.get("username")), namespace, meta(secret)["name"],
-                                          unb64(data["kubeconfig"]).decode(), str(identity.get("notAfter")),
-                                          True)
+                    return IssuedIdentity(
+                        str(identity.get("username")),
+                        namespace,
+                        meta(secret)["name"],
+                        unb64(data["kubeconfig"]).decode(),
+                        str(identity.get("notAfter")),
+                        True,
+                    )
     proof = csr_proof(token, consumer_id, csr_pem)
-    spec: dict[str, Any] = {"consumerClusterID": consumer_id, "csr": b64(csr_pem), "csrProof": proof,
-                            "peeringTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
-                            "podSecurity": pod_security}
+    spec: dict[str, Any] = {
+        "consumerClusterID": consumer_id,
+        "csr": b64(csr_pem),
+        "csrProof": proof,
+        "peeringTokenSecretRef": {"name": TOKEN_SECRET, "key": "token"},
+        "podSecurity": pod_security,
+    }
     if max_twin_namespaces is not None:
         spec["maxTwinNamespaces"] = max_twin_namespaces
-    body: RawObject = {"apiVersion": TENANTS.api_version, "kind": TENANTS.kind,
-                       "metadata": {"name": consumer_id, "namespace": ns,
-                                    "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id}},
-                       "spec": spec}
+    body: RawObject = {
+        "apiVersion": TENANTS.api_version,
+        "kind": TENANTS.kind,
+        "metadata": {
+            "name": consumer_id,
+            "namespace": ns,
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id},
+        },
+        "spec": spec,
+    }
     try:
         current: RawObject | None = await provider.get(TENANTS, consumer_id, ns)
     except NotFound:
@@ -273,8 +300,12 @@ async def authenticate(
     def authenticated(obj: RawObject) -> str | None:
         cond = find_condition((obj.get("status") or {}).get("conditions"), "Authenticated")
         identity = (obj.get("status") or {}).get("identity") or {}
-        if cond and cond.get("status") == "True" and identity.get("certificate") \
-                and identity.get("csrName") == wanted_csr:
+        if (
+            cond
+            and cond.get("status") == "True"
+            and identity.get("certificate")
+            and identity.get("csrName") == wanted_csr
+        ):
             return ""
         current = cond is not None and cond.get("observedGeneration") == meta(obj).get("generation")
         if current and cond and cond.get("reason") in {"InvalidProof", "InvalidCSR", "WrongNamespace"}:
@@ -297,33 +328,55 @@ async def authenticate(
         server=server, ca_pem=ca_pem, cert_pem=cert_pem, key_pem=key_pem,
         cluster_name=f"gpuferry-{provider_id}", user=identity["username"], tls_server_name=tls_server_name,
     )  # fmt: skip
-    patch = {"data": {"tls.crt": identity["certificate"], "kubeconfig": b64(kubeconfig.encode()),
-                      "ca.crt": b64(ca_pem or b""), "server": b64(server.encode())}}
+    patch = {
+        "data": {
+            "tls.crt": identity["certificate"],
+            "kubeconfig": b64(kubeconfig.encode()),
+            "ca.crt": b64(ca_pem or b""),
+            "server": b64(server.encode()),
+        }
+    }
     await consumer.patch(SECRETS, meta(secret)["name"], patch, namespace)
-    progress(f"issued {identity['username']} until {identity.get('notAfter')}; "
-             f"kubeconfig in {namespace}/{meta(secret)['name']}")
-    return IssuedIdentity(str(identity["username"]), namespace, meta(secret)["name"], kubeconfig,
-                          str(identity.get("notAfter")), False)
+    progress(
+        f"issued {identity['username']} until {identity.get('notAfter')}; "
+        f"kubeconfig in {namespace}/{meta(secret)['name']}"
+    )
+    return IssuedIdentity(
+        str(identity["username"]),
+        namespace,
+        meta(secret)["name"],
+        kubeconfig,
+        str(identity.get("notAfter")),
+        False,
+    )
 
 
-async def issued_client(consumer: KubeClient, provider_id: str, *,
-                        namespace: str = CONSUMER_NAMESPACE) -> KubeClient:
+async def issued_client(
+    consumer: KubeClient, provider_id: str, *, namespace: str = CONSUMER_NAMESPACE
+) -> KubeClient:
     """A (not yet opened) client for the provider authenticated as the issued identity only."""
     try:
         secret = await consumer.get(SECRETS, identity_secret_name(provider_id), namespace)
     except NotFound:
-        raise PeeringError(f"not peered with {provider_id}: no Secret {namespace}/"
-                           f"{identity_secret_name(provider_id)} on the consumer") from None
+        raise PeeringError(
+            f"not peered with {provider_id}: no Secret {namespace}/"
+            f"{identity_secret_name(provider_id)} on the consumer"
+        ) from None
     data = secret.get("data") or {}
     if not data.get("kubeconfig"):
         raise PeeringError(f"the identity for {provider_id} has not been issued yet")
     config = yaml.safe_load(unb64(data["kubeconfig"]))
     cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
     ca = cluster.get("certificate-authority-data")
-    return KubeClient(Connection(server=cluster["server"], ca_pem=unb64(ca) if ca else None,
-                                 tls_server_name=cluster.get("tls-server-name"),
-                                 client_cert_pem=unb64(user["client-certificate-data"]),
-                                 client_key_pem=unb64(user["client-key-data"])))
+    return KubeClient(
+        Connection(
+            server=cluster["server"],
+            ca_pem=unb64(ca) if ca else None,
+            tls_server_name=cluster.get("tls-server-name"),
+            client_cert_pem=unb64(user["client-certificate-data"]),
+            client_key_pem=unb64(user["client-key-data"]),
+        )
+    )
 
 
 # -- negotiation ----------------------------------------------------------------------------------
@@ -345,10 +398,18 @@ async def request_slice(
     (``status.phase`` Granted, PartiallyGranted or Denied — a denial is returned, not raised)."""
     ns = tenant_namespace(consumer_id)
     name = name or consumer_id
-    spec: dict[str, Any] = {"consumerClusterID": consumer_id, "resources": dict(resources),
-                            "nodeSelector": dict(node_selector or {}), "allowPartial": allow_partial}
-    body: RawObject = {"apiVersion": GPUSLICES.api_version, "kind": GPUSLICES.kind,
-                       "metadata": {"name": name, "namespace": ns}, "spec": spec}
+    spec: dict[str, Any] = {
+        "consumerClusterID": consumer_id,
+        "resources": dict(resources),
+        "nodeSelector": dict(node_selector or {}),
+        "allowPartial": allow_partial,
+    }
+    body: RawObject = {
+        "apiVersion": GPUSLICES.api_version,
+        "kind": GPUSLICES.kind,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
     try:
         created = await tenant_client.create(GPUSLICES, body)
     except AlreadyExists:
@@ -362,8 +423,10 @@ async def request_slice(
 
     def decided(obj: RawObject) -> str | None:
         status = obj.get("status") or {}
-        if status.get("phase") in {"Granted", "PartiallyGranted", "Denied"} \
-                and status.get("observedGeneration") == generation:
+        if (
+            status.get("phase") in {"Granted", "PartiallyGranted", "Denied"}
+            and status.get("observedGeneration") == generation
+        ):
             return ""
         return None
 
@@ -381,9 +444,12 @@ async def request_twin_namespace(
     """Ask the provider for the twin namespace of ``origin_namespace``; returns its name once
     Ready (its RoleBinding and quota in place). Raises :class:`PeeringError` when refused."""
     ns = tenant_namespace(consumer_id)
-    body: RawObject = {"apiVersion": NAMESPACEOFFLOADINGS.api_version, "kind": NAMESPACEOFFLOADINGS.kind,
-                       "metadata": {"name": origin_namespace, "namespace": ns},
-                       "spec": {"originNamespace": origin_namespace, "namespaceMappingStrategy": mapping}}
+    body: RawObject = {
+        "apiVersion": NAMESPACEOFFLOADINGS.api_version,
+        "kind": NAMESPACEOFFLOADINGS.kind,
+        "metadata": {"name": origin_namespace, "namespace": ns},
+        "spec": {"originNamespace": origin_namespace, "namespaceMappingStrategy": mapping},
+    }
     with contextlib.suppress(AlreadyExists):
         await tenant_client.create(NAMESPACEOFFLOADINGS, body)
 
@@ -396,13 +462,21 @@ async def request_twin_namespace(
             return f"the provider refused twin namespace for {origin_namespace}: {cond.get('message')}"
         return None
 
-    found = await wait_until(tenant_client, NAMESPACEOFFLOADINGS, origin_namespace, ns, ready, timeout,
-                        f"twin namespace request {ns}/{origin_namespace}")
+    found = await wait_until(
+        tenant_client,
+        NAMESPACEOFFLOADINGS,
+        origin_namespace,
+        ns,
+        ready,
+        timeout,
+        f"twin namespace request {ns}/{origin_namespace}",
+    )
     return str(found["status"]["remoteNamespace"])
 
 
-async def release_twin_namespace(tenant_client: KubeClient, *, consumer_id: str, origin_namespace: str,
-                                 timeout: float = 120.0) -> None:
+async def release_twin_namespace(
+    tenant_client: KubeClient, *, consumer_id: str, origin_namespace: str, timeout: float = 120.0
+) -> None:
     """Withdraw the request; returns once the provider has deleted the twin namespace."""
     ns = tenant_namespace(consumer_id)
     try:
@@ -410,4 +484,3 @@ async def release_twin_namespace(tenant_client: KubeClient, *, consumer_id: str,
     except NotFound:
         return
     await wait_gone(tenant_client, NAMESPACEOFFLOADINGS, origin_namespace, ns, timeout)
-

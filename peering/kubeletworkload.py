@@ -51,7 +51,6 @@ GENERATION_ANNOTATION = "gpuferry.io/virtual-node-generation"
 MANAGED_BY = "gpuferry-consumer"
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class KubeletWorkloadSettings:
     """How the agent runs virtual kubelets as pods (from the chart, through its flags)."""

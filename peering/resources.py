@@ -30,10 +30,12 @@ __all__ = [
     "LIMITRANGES",
     "MANAGED_BY",
     "NAMESPACEOFFLOADINGS",
+    "PEERING_ACCOUNT",
     "ROLEBINDINGS",
     "ROLES",
     "TENANTS",
     "TENANT_NAMESPACE_PREFIX",
+    "TOKEN_SECRET",
     "consumer_username",
     "identity_secret_name",
     "is_valid_cluster_id",
@@ -52,6 +54,11 @@ LABEL_CONSUMER_PROVIDER = PROVIDER_LABEL
 CONSUMER_NAMESPACE = SYSTEM_NAMESPACE
 """Consumer namespace of gpuferry's own objects (the identity Secrets)."""
 CONSUMERS_GROUP = "gpuferry:consumers"
+PEERING_ACCOUNT = "gpuferry-peering"
+"""The ServiceAccount in a tenant namespace whose token is the peering token: it may create the
+consumer's Tenant and read and update that one Tenant, nothing else. The consumer uses it once,
+to send the CSR (proven with the same token) that gets it its real identity."""
+TOKEN_SECRET = "peering-token"
 USERNAME_PREFIX = "gpuferry:consumer:"
 
 SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gpuferry-", "openshift-")

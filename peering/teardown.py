@@ -69,8 +69,14 @@ async def teardown(
     # finalizer on the consumer's objects (it may write its own) would keep the namespaces forever.
     with contextlib.suppress(NotFound):
         await _drop_finalizer(provider, TENANTS, await provider.get(TENANTS, consumer_id, ns), FINALIZER)
-    twins = [meta(n)["name"] for n in (await provider.list(
-        NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id},{LABEL_ORIGIN_NAMESPACE}"))["items"]]
+    twins = [
+        meta(n)["name"]
+        for n in (
+            await provider.list(
+                NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id},{LABEL_ORIGIN_NAMESPACE}"
+            )
+        )["items"]
+    ]
     await _drop_all_finalizers(provider, ns, (GPUSLICES, NAMESPACEOFFLOADINGS))
     for twin in twins:
         await _drop_all_finalizers(provider, twin, _TWIN_KINDS)
@@ -123,6 +129,14 @@ async def _drop_finalizer(client: KubeClient, resource: Resource, obj: RawObject
     if finalizer not in finalizers:
         return
     with contextlib.suppress(Conflict, NotFound):
-        await client.patch(resource, md["name"], {"metadata": {
-            "finalizers": [f for f in finalizers if f != finalizer],
-            "resourceVersion": md["resourceVersion"]}}, md.get("namespace"))
+        await client.patch(
+            resource,
+            md["name"],
+            {
+                "metadata": {
+                    "finalizers": [f for f in finalizers if f != finalizer],
+                    "resourceVersion": md["resourceVersion"],
+                }
+            },
+            md.get("namespace"),
+        )

@@ -264,8 +264,10 @@ def _render(data: dict[str, Any], console: Any) -> None:
         for p in data["providers"]:
             if p.get("refusedChange"):
                 change = p["refusedChange"]
-                console.print(f"{p['id']}: the provider refused the last change to the slice "
-                              f"({change.get('reason')}: {change.get('message')}); the grant above stays")
+                console.print(
+                    f"{p['id']}: the provider refused the last change to the slice "
+                    f"({change.get('reason')}: {change.get('message')}); the grant above stays"
+                )
         pool = data["pool"]
         console.print(
             f"GPU pool: {pool['gpus']['granted']} granted by {pool['providers']} providers "

@@ -18,7 +18,7 @@ from kube.declaration import (
     DeclarationError,
     declaration_from_configmap,
 )
-from kube.errors import NotFound
+from kube.errors import Forbidden, NotFound, admission_refusal
 from kube.informers import Informer
 from kube.objects import CONFIGMAPS, PEERNETWORKS, ObjectKey, RawObject, meta
 from kube.objects import annotations as annotations_of
@@ -63,7 +63,10 @@ async def network_step(
     tenant_obj = await tenant.get(TENANTS, consumer_id, ns)
     wanted = consumer_network(declaration, own_key)
     if (tenant_obj.get("spec") or {}).get("network") != wanted:
-        tenant_obj = await tenant.patch(TENANTS, consumer_id, {"spec": {"network": wanted}}, ns)
+        try:
+            tenant_obj = await tenant.patch(TENANTS, consumer_id, {"spec": {"network": wanted}}, ns)
+        except Forbidden as e:  # new CIDRs need the provider's operator; the tunnel stays as it was
+            raise Waiting(NETWORK_READY, "CIDRChangeRefused", admission_refusal(e), retry=60) from None
     published = (tenant_obj.get("status") or {}).get("network") or {}
     body = consumer_peer_network(provider_id, published)
     if body is None:

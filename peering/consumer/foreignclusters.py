@@ -36,7 +36,7 @@ from typing import Any
 
 from kube.api import NETWORK_READY, SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
+from kube.errors import Forbidden, KubeError, NotFound, admission_refusal
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.objects import (
@@ -54,7 +54,7 @@ from kube.patching import patch_changes
 from kube.reconciling import Requeue
 
 from ..clusterid import read_cluster_id
-from ..conditions import CHANGE_REFUSED, find_condition, set_condition
+from ..conditions import CHANGE_REFUSED, SLICE_REFUSED, find_condition, set_condition
 from ..resources import GPUSLICES, TENANTS, identity_secret_name
 from .builders import (
     FIELD_MANAGER,
@@ -179,16 +179,28 @@ class ForeignClusterReconciler:
             current: RawObject | None = await tenant.get(GPUSLICES, consumer_id, ns)
         except NotFound:
             current = None
-        if current is None:
-            current = await tenant.create(GPUSLICES, gpuslice(consumer_id, wanted))
-        elif not same_slice_spec(current.get("spec") or {}, wanted):
-            body = {**gpuslice(consumer_id, wanted)}
-            body["metadata"]["resourceVersion"] = meta(current)["resourceVersion"]
-            current = await tenant.replace(GPUSLICES, consumer_id, body, ns)
+        refused: dict[str, Any] | None = None
+        try:
+            if current is None:
+                current = await tenant.create(GPUSLICES, gpuslice(consumer_id, wanted))
+            elif not same_slice_spec(current.get("spec") or {}, wanted):
+                body = {**gpuslice(consumer_id, wanted)}
+                body["metadata"]["resourceVersion"] = meta(current)["resourceVersion"]
+                current = await tenant.replace(GPUSLICES, consumer_id, body, ns)
+        except Forbidden as e:
+            # the provider's API server refuses what a consumer may not change by itself
+            # (the nodes of a slice; more than the tenant's limit): the slice in force stays
+            why = admission_refusal(e)
+            if current is None:
+                result.set("SliceGranted", False, SLICE_REFUSED, why)
+                return None
+            refused = {"reason": SLICE_REFUSED, "message": why}
+            result.slice_in_force = True
         status = current.get("status") or {}
-        refused = status.get("refusedChange")
-        if refused and refused.get("generation") != meta(current).get("generation"):
-            refused = None  # about an older spec
+        if refused is None:
+            refused = status.get("refusedChange")
+            if refused and refused.get("generation") != meta(current).get("generation"):
+                refused = None  # about an older spec
         if not slice_decided(current):
             raise Waiting("SliceGranted", "Pending", "the provider has not decided the slice yet", retry=2)
         result.status["slice"] = {
@@ -236,7 +248,8 @@ class ForeignClusterReconciler:
             selector = dict(((spec.get("slice") or {}).get("nodeSelector")) or {})
             tolerations = (spec.get("slice") or {}).get("tolerations") or ()
             refused = ((decided or {}).get("status") or {}).get("refusedChange") or {}
-            if existing is not None and refused.get("generation") == meta(decided or {}).get("generation"):
+            kept = result.slice_in_force or refused.get("generation") == meta(decided or {}).get("generation")
+            if existing is not None and kept:
                 # the change was refused: the twins go where the grant in force is, as before
                 selector = dict(advertised.get("providerNodeSelector") or {}) if advertised else {}
                 tolerations = (advertised or {}).get("providerTolerations") or ()

@@ -48,9 +48,7 @@ logger = logging.getLogger(__name__)
 FINALIZER = "gpuferry.io/virtual-kubelet"
 FIELD_MANAGER = "gpuferry-consumer"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
-_RESOURCES: dict[str, Resource] = {
-    r.kind: r for r in (SERVICEACCOUNTS, CLUSTERROLEBINDINGS, DEPLOYMENTS)
-}
+_RESOURCES: dict[str, Resource] = {r.kind: r for r in (SERVICEACCOUNTS, CLUSTERROLEBINDINGS, DEPLOYMENTS)}
 
 
 def virtual_node_key(obj: RawObject) -> ObjectKey | None:

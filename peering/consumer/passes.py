@@ -22,6 +22,8 @@ class Pass:
 
     conditions: dict[str, tuple[bool, str, str]] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
+    slice_in_force: bool = False
+    """The provider's API server refused this pass's change of the slice: the one in force stays."""
 
     def set(self, condition: str, ok: bool, reason: str, message: str) -> None:
         self.conditions[condition] = (ok, reason, message)

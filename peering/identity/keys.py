@@ -51,8 +51,9 @@ def make_token() -> str:
 def make_private_key() -> bytes:
     """A new EC P-256 private key as unencrypted PKCS#8 PEM."""
     key = ec.generate_private_key(ec.SECP256R1())
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_csr(key_pem: bytes, username: str, groups: tuple[str, ...]) -> bytes:

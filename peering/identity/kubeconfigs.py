@@ -9,8 +9,16 @@ from .keys import b64
 __all__ = ["build_kubeconfig"]
 
 
-def build_kubeconfig(*, server: str, ca_pem: bytes | None, cert_pem: bytes, key_pem: bytes,
-                     cluster_name: str, user: str, tls_server_name: str | None = None) -> str:
+def build_kubeconfig(
+    *,
+    server: str,
+    ca_pem: bytes | None,
+    cert_pem: bytes,
+    key_pem: bytes,
+    cluster_name: str,
+    user: str,
+    tls_server_name: str | None = None,
+) -> str:
     """A one-context kubeconfig (YAML) authenticating with a client certificate."""
     cluster: dict[str, str] = {"server": server}
     if ca_pem:
@@ -21,8 +29,12 @@ def build_kubeconfig(*, server: str, ca_pem: bytes | None, cert_pem: bytes, key_
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": cluster_name, "cluster": cluster}],
-        "users": [{"name": user, "user": {"client-certificate-data": b64(cert_pem),
-                                          "client-key-data": b64(key_pem)}}],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)},
+            }
+        ],
         "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": user}}],
         "current-context": cluster_name,
     }

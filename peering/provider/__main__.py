@@ -19,8 +19,9 @@ from .settings import ProviderSettings
 
 
 async def _main(args: argparse.Namespace) -> None:
-    async with KubeClient.from_config(args.kubeconfig, args.context,
-                                      settings=ClientSettings.from_env()) as client:
+    async with KubeClient.from_config(
+        args.kubeconfig, args.context, settings=ClientSettings.from_env()
+    ) as client:
         if args.install_crds:
             await ensure_crds(client)
         leader = leader_election_settings(args)
@@ -35,17 +36,23 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m peering.provider",
-                                     description="gpuferry's provider controller (tenants, grants, twins)")
-    parser.add_argument("--kubeconfig",
-                        help="admin kubeconfig of the provider (default: $KUBECONFIG, in-cluster)")
+    parser = argparse.ArgumentParser(
+        prog="python -m peering.provider",
+        description="gpuferry's provider controller (tenants, grants, twins)",
+    )
+    parser.add_argument(
+        "--kubeconfig", help="admin kubeconfig of the provider (default: $KUBECONFIG, in-cluster)"
+    )
     parser.add_argument("--context", help="kubeconfig context")
     parser.add_argument("--install-crds", action="store_true", help="apply gpuferry's CRDs first")
     defaults = ProviderSettings()
-    parser.add_argument("--certificate-seconds", type=int, default=defaults.certificate_seconds,
-                        help="lifetime asked for issued client certificates (default: 30 days)")
-    parser.add_argument("--workers", type=int, default=defaults.queue.workers,
-                        help="workers per work queue")
+    parser.add_argument(
+        "--certificate-seconds",
+        type=int,
+        default=defaults.certificate_seconds,
+        help="lifetime asked for issued client certificates (default: 30 days)",
+    )
+    parser.add_argument("--workers", type=int, default=defaults.queue.workers, help="workers per work queue")
     add_runtime_arguments(parser, lease_name=defaults.lease_name)
     args = parser.parse_args(argv)
     setup_logging(LoggingSettings.from_env())

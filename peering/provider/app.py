@@ -135,6 +135,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     twin_namespaces.add_handler(twin_ns_changed)
     tenants.add_handler(tenant_changed)
     csrs.add_handler(csr_changed)
+
     def offloading_changed(change: Change) -> None:
         tenant_ns_changed(change.key.namespace)
 

@@ -23,6 +23,8 @@ from ..resources import (
     LABEL_ORIGIN_NAMESPACE,
     LABEL_TENANT,
     MANAGED_BY,
+    PEERING_ACCOUNT,
+    TOKEN_SECRET,
 )
 from .admission import pin_annotations
 from .quotas import FIXED_LIMITS
@@ -73,12 +75,6 @@ def _tenant_rules(consumer_id: str) -> list[dict[str, Any]]:
         # its network as the provider sees it (the virtual kubelet maps addresses with it)
         {"apiGroups": ["net.gpuferry.io"], "resources": ["peernetworks"], "verbs": _RO},
     ]
-
-
-PEERING_ACCOUNT = "gpuferry-peering"
-"""The ServiceAccount in a tenant namespace whose token is the peering token: it may create the
-consumer's Tenant and read and update that one Tenant, nothing else. The consumer uses it once,
-to send the CSR (proven with the same token) that gets it its real identity."""
 
 
 def peering_account(namespace: str, consumer_id: str) -> RawObject:
@@ -149,7 +145,6 @@ _TWIN_RULES: list[dict[str, Any]] = [
 ]
 
 
-TOKEN_SECRET = "peering-token"
 """The Secret in a tenant namespace that holds the peering token."""
 
 
@@ -174,8 +169,9 @@ def owned_labels(consumer_id: str, **extra: str) -> dict[str, str]:
     return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_TENANT: consumer_id, **extra}
 
 
-def twin_namespace(name: str, consumer_id: str, origin: str, pod_security: str,
-                   pinned: Mapping[str, str] | None = None) -> RawObject:
+def twin_namespace(
+    name: str, consumer_id: str, origin: str, pod_security: str, pinned: Mapping[str, str] | None = None
+) -> RawObject:
     """A twin namespace, labelled as the tenant's, with Pod Security admission enforced, and the
     node selector its pods must carry (``pinned``: see :mod:`peering.provider.admission`)."""
     labels = owned_labels(consumer_id, **{LABEL_ORIGIN_NAMESPACE: origin})

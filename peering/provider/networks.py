@@ -8,6 +8,14 @@ cluster's CIDRs (its declaration), where its gateway for this tenant listens (th
 ``endpointAddress`` and the gateway's ``status.listenPort``), that gateway's public key, and
 whether it has a handshake. A rotated key on either side crosses over the same way.
 
+The consumer's CIDRs are taken once: the first network of an authenticated Tenant is recorded in
+``status.acceptedNetwork`` (which the consumer cannot write), and the PeerNetwork routes those,
+whatever ``spec.network`` says later (issue 16 §4: a consumer that rewrote its CIDRs to
+``172.16.0.0/12`` had the provider's gateway route the provider's own addresses to it). The API
+server refuses such a change already (``gpuferry-tenant-self-service``); this is the second line.
+Only the key is taken from ``spec.network`` each time. A provider operator approves new CIDRs by
+writing them into ``status.acceptedNetwork``.
+
 It also keeps the ForeignCluster of the consumer (role Consumer) with what this side knows:
 Authenticated from the Tenant, NetworkReady from the PeerNetwork.
 """
@@ -39,7 +47,7 @@ from ..resources import TENANTS, tenant_namespace
 from .builders import owned_labels
 from .settings import ProviderSettings
 
-__all__ = ["TenantNetworkReconciler", "consumer_foreign_cluster", "provider_peer_network"]
+__all__ = ["TenantNetworkReconciler", "accepted_network", "consumer_foreign_cluster", "provider_peer_network"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,31 @@ def provider_peer_network(consumer_id: str, network: dict[str, Any]) -> RawObjec
         },
         "spec": spec,
     }
+
+
+def accepted_network(tenant: RawObject) -> tuple[dict[str, Any] | None, str | None]:
+    """The consumer network to route: (network, why not as asked). The CIDRs are those accepted
+    in ``status.acceptedNetwork`` (the first network asked for, when none is yet), the key is the
+    one in ``spec.network``; the second item says what the spec asks that is not taken. Pure."""
+    network = (tenant.get("spec") or {}).get("network")
+    if not network:
+        return None, None
+    asked = {"podCIDRs": list(network.get("podCIDRs") or []),
+             "serviceCIDRs": list(network.get("serviceCIDRs") or [])}  # fmt: skip
+    accepted = (tenant.get("status") or {}).get("acceptedNetwork")
+    if not accepted:
+        accepted = asked
+    accepted = {"podCIDRs": list(accepted.get("podCIDRs") or []),
+                "serviceCIDRs": list(accepted.get("serviceCIDRs") or [])}  # fmt: skip
+    routed = {**accepted, **({"publicKey": network["publicKey"]} if network.get("publicKey") else {})}
+    if accepted == asked:
+        return routed, None
+    return routed, (
+        f"the consumer asks for pod CIDRs {', '.join(asked['podCIDRs'])} and Service CIDRs "
+        f"{', '.join(asked['serviceCIDRs']) or 'none'}; the provider routes the accepted "
+        f"{', '.join(accepted['podCIDRs'])} and {', '.join(accepted['serviceCIDRs']) or 'none'} (a provider "
+        "operator approves new CIDRs by writing them into the Tenant's status.acceptedNetwork)"
+    )
 
 
 def consumer_foreign_cluster(consumer_id: str) -> RawObject:
@@ -123,7 +156,7 @@ class TenantNetworkReconciler:
             return None
         authenticated = find_condition((tenant.get("status") or {}).get("conditions"), "Authenticated")
         is_authenticated = bool(authenticated and authenticated.get("status") == "True")
-        network = (tenant.get("spec") or {}).get("network")
+        network, not_taken = accepted_network(tenant)
         status_network: dict[str, Any] | None = None
         network_ready: tuple[bool, str, str] = (False, "NetworkDisabled", "the consumer asked for no network")
         if network and is_authenticated:
@@ -146,7 +179,10 @@ class TenantNetworkReconciler:
                 current = self.peer_networks.get(ObjectKey(key.namespace, consumer_id))
                 status_network = published_network(declaration, current)
                 ready = status_network.get("ready", False)
-                if ready:
+                if not_taken:
+                    log.warning("%s", not_taken)
+                    network_ready = (False, "CIDRChangeNotAccepted", not_taken)
+                elif ready:
                     network_ready = (True, "HandshakeRecent", "the provider's gateway has a recent handshake")
                 else:
                     message = "the provider's gateway has no handshake with the consumer's yet"
@@ -155,6 +191,8 @@ class TenantNetworkReconciler:
             with contextlib.suppress(NotFound):
                 await self.client.delete(PEERNETWORKS, consumer_id, key.namespace)
         new_status = dict(tenant.get("status") or {})
+        if network and is_authenticated and not new_status.get("acceptedNetwork"):
+            new_status["acceptedNetwork"] = {k: network[k] for k in ("podCIDRs", "serviceCIDRs")}
         if status_network is None:
             new_status.pop("network", None)
         else:

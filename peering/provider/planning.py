@@ -163,9 +163,12 @@ def _add_to(acc: ResourceList, amounts: Mapping[str, Decimal]) -> None:
         acc[res] = acc.get(res, Decimal(0)) + amount
 
 
-def free_capacity(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
-                  twin_namespaces: Mapping[str, str] | frozenset[str] = frozenset(),
-                  reservations: Mapping[str, Mapping[str, ResourceList]] | None = None) -> list[NodeFree]:
+def free_capacity(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    twin_namespaces: Mapping[str, str] | frozenset[str] = frozenset(),
+    reservations: Mapping[str, Mapping[str, ResourceList]] | None = None,
+) -> list[NodeFree]:
     """Usable nodes with allocatable minus the requests of their non-terminated pods.
 
     Pods of twin namespaces (``twin_namespaces``: namespace → consumer ID) are charged to their
@@ -229,8 +232,10 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
     holds = granted_now and status.get("observedGeneration") == md.get("generation") and not refused_now
     in_force = None
     if granted_now and not holds:  # what its earlier spec was granted, node by node
-        in_force = {str(e["name"]): parse_resource_list(e.get("free"))
-                    for e in (status.get("shape") or {}).get("nodes") or ()} or None
+        in_force = {
+            str(e["name"]): parse_resource_list(e.get("free"))
+            for e in (status.get("shape") or {}).get("nodes") or ()
+        } or None
     return SliceRequest(
         namespace=str(md.get("namespace") or ""),
         name=str(md["name"]),
@@ -244,8 +249,12 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
         in_force=in_force,
         in_force_labels=dict(status.get("labels") or {}) if in_force is not None else {},
         in_force_selector=dict(status.get("nodeSelector") or {}) if in_force is not None else {},
-        held={str(e["name"]): parse_resource_list(e.get("free")).get(GPU, Decimal(0))
-              for e in (status.get("shape") or {}).get("nodes") or ()} if granted_now else {},
+        held={
+            str(e["name"]): parse_resource_list(e.get("free")).get(GPU, Decimal(0))
+            for e in (status.get("shape") or {}).get("nodes") or ()
+        }
+        if granted_now
+        else {},
         block=block,
     )
 
@@ -273,8 +282,14 @@ def _round(value: Decimal, unit: Decimal, rounding: str) -> Decimal:
     return (value / unit).to_integral_value(rounding=rounding) * unit
 
 
-def _take(res: str, need: Decimal, order: Sequence[NodeFree], remaining: dict[str, ResourceList],
-          taken: dict[str, ResourceList], caps: Mapping[str, Decimal] | None = None) -> Decimal:
+def _take(
+    res: str,
+    need: Decimal,
+    order: Sequence[NodeFree],
+    remaining: dict[str, ResourceList],
+    taken: dict[str, ResourceList],
+    caps: Mapping[str, Decimal] | None = None,
+) -> Decimal:
     """Take up to ``need`` of ``res`` from the nodes in ``order`` (at most ``caps[node]`` from
     each when given); returns what was taken."""
     got = Decimal(0)
@@ -292,9 +307,14 @@ def _take(res: str, need: Decimal, order: Sequence[NodeFree], remaining: dict[st
     return got
 
 
-def _spread(want: Mapping[str, Decimal], matching: Sequence[NodeFree], remaining: dict[str, ResourceList],
-            taken: dict[str, ResourceList], held: Mapping[str, Decimal] | None = None,
-            block_node: NodeFree | None = None) -> ResourceList:
+def _spread(
+    want: Mapping[str, Decimal],
+    matching: Sequence[NodeFree],
+    remaining: dict[str, ResourceList],
+    taken: dict[str, ResourceList],
+    held: Mapping[str, Decimal] | None = None,
+    block_node: NodeFree | None = None,
+) -> ResourceList:
     """Place the request on nodes; returns the amounts placed (``taken`` gets them per node).
 
     GPUs lead: they are taken node by node, then every other resource follows in proportion
@@ -336,8 +356,9 @@ def _spread(want: Mapping[str, Decimal], matching: Sequence[NodeFree], remaining
     return granted
 
 
-def _block_node(req: SliceRequest, order: Sequence[NodeFree],
-                remaining: Mapping[str, ResourceList]) -> NodeFree | None:
+def _block_node(
+    req: SliceRequest, order: Sequence[NodeFree], remaining: Mapping[str, ResourceList]
+) -> NodeFree | None:
     """The node to take the waiting block from first: one already held that large, else the one
     that holds it with the least to spare; None when no block waits or none can hold it."""
     want = req.resources.get(GPU, Decimal(0))
@@ -352,33 +373,47 @@ def _block_node(req: SliceRequest, order: Sequence[NodeFree],
     return min(fitting, key=lambda n: (remaining[n.name].get(GPU, Decimal(0)), order.index(n)))
 
 
-def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
-            nodes: Sequence[NodeFree]) -> Decision:
+def _decide(req: SliceRequest, remaining: dict[str, ResourceList], nodes: Sequence[NodeFree]) -> Decision:
     expected_prefix = TENANT_NAMESPACE_PREFIX
     if not req.namespace.startswith(expected_prefix):
-        return Decision("Denied", "NotInTenantNamespace",
-                        f"GPUSlices are decided only in tenant namespaces ({expected_prefix}<consumer-id>)")
+        return Decision(
+            "Denied",
+            "NotInTenantNamespace",
+            f"GPUSlices are decided only in tenant namespaces ({expected_prefix}<consumer-id>)",
+        )
     tenant_id = req.namespace.removeprefix(expected_prefix)
     if req.consumer_id and req.consumer_id != tenant_id:
-        return Decision("Denied", "ConsumerMismatch",
-                        f"spec.consumerClusterID {req.consumer_id!r} is not this namespace's "
-                        f"consumer {tenant_id!r}")
+        return Decision(
+            "Denied",
+            "ConsumerMismatch",
+            f"spec.consumerClusterID {req.consumer_id!r} is not this namespace's consumer {tenant_id!r}",
+        )
     selected = [n for n in nodes if selector_matches(req.node_selector, n.labels)]
     matching = [n for n in selected if not untolerated(n.taints, req.tolerations)]
     if not matching:
         tainted = sorted({t for n in selected for t in untolerated(n.taints, req.tolerations)})
-        why = f"; the matching nodes have taints the slice does not tolerate: {', '.join(tainted)}" \
-            if tainted else ""
-        return Decision("Denied", "NoMatchingNodes",
-                        f"no schedulable node matches nodeSelector {dict(req.node_selector)}{why}")
+        why = (
+            f"; the matching nodes have taints the slice does not tolerate: {', '.join(tainted)}"
+            if tainted
+            else ""
+        )
+        return Decision(
+            "Denied",
+            "NoMatchingNodes",
+            f"no schedulable node matches nodeSelector {dict(req.node_selector)}{why}",
+        )
     taken: dict[str, ResourceList] = {}
     matching = sorted(matching, key=lambda n: (-req.held.get(n.name, Decimal(0)), n.name))
-    granted = _spread(req.resources, matching, remaining, taken, req.held,
-                      _block_node(req, matching, remaining))
+    granted = _spread(
+        req.resources, matching, remaining, taken, req.held, _block_node(req, matching, remaining)
+    )
     short = sorted(r for r, need in req.resources.items() if granted[r] < need)
     if short:
-        detail = ", ".join(f"{r}: requested {format_resource_list({r: req.resources[r]})[r]}, "
-                           f"free {format_resource_list({r: granted[r]})[r]}" for r in short)
+        detail = ", ".join(
+            f"{r}: requested {format_resource_list({r: req.resources[r]})[r]}, "
+            f"free {format_resource_list({r: granted[r]})[r]}"
+            for r in short
+        )
         where = f"on nodes matching {dict(req.node_selector)}" if req.node_selector else "on this provider"
         reason = _shortfall_reason(short)
         if not (req.allow_partial or req.holds_grant) or any(granted[r] == 0 for r in req.resources):
@@ -390,8 +425,15 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList],
         for res, amount in amounts.items():
             remaining[node_name][res] -= amount
     used_nodes = [n for n in matching if n.name in taken]
-    return Decision(phase, reason, message, granted, taken, _uniform_labels(used_nodes),
-                    node_selector=dict(req.node_selector))
+    return Decision(
+        phase,
+        reason,
+        message,
+        granted,
+        taken,
+        _uniform_labels(used_nodes),
+        node_selector=dict(req.node_selector),
+    )
 
 
 def _keep(req: SliceRequest, remaining: dict[str, ResourceList]) -> Decision | None:
@@ -417,8 +459,15 @@ def _keep(req: SliceRequest, remaining: dict[str, ResourceList]) -> Decision | N
         for res, amount in amounts.items():
             remaining[node_name][res] -= amount
     phase = "Granted" if granted == {r: v for r, v in held.items() if v > 0} else "PartiallyGranted"
-    return Decision(phase, "GrantInForce", "the grant decided before the change", granted, taken,
-                    dict(req.in_force_labels), node_selector=dict(req.in_force_selector))
+    return Decision(
+        phase,
+        "GrantInForce",
+        "the grant decided before the change",
+        granted,
+        taken,
+        dict(req.in_force_labels),
+        node_selector=dict(req.in_force_selector),
+    )
 
 
 def _give_back(remaining: dict[str, ResourceList], decision: Decision) -> dict[str, ResourceList]:
@@ -456,10 +505,13 @@ def allocate(nodes: Sequence[NodeFree], requests: Iterable[SliceRequest]) -> dic
             remaining = trial
             out[key] = change
         else:
-            out[key] = replace(in_force, reason="ChangeRefused",
-                               message=f"the change was refused ({change.reason}: {change.message}); "
-                                       "the grant decided before it stays in force",
-                               refused=(change.reason, change.message))
+            out[key] = replace(
+                in_force,
+                reason="ChangeRefused",
+                message=f"the change was refused ({change.reason}: {change.message}); "
+                "the grant decided before it stays in force",
+                refused=(change.reason, change.message),
+            )
     for req in ordered:
         key = (req.namespace, req.name)
         if key not in out:
@@ -476,8 +528,10 @@ def slice_status(decision: Decision) -> dict[str, Any]:
         "granted": format_resource_list(decision.granted),
         "shape": {
             "largest": format_resource_list(decision.largest),
-            "nodes": [{"name": name, "free": format_resource_list(free)}
-                      for name, free in sorted(decision.nodes.items())],
+            "nodes": [
+                {"name": name, "free": format_resource_list(free)}
+                for name, free in sorted(decision.nodes.items())
+            ],
         },
         "labels": dict(decision.labels),
         "nodeSelector": dict(decision.node_selector),

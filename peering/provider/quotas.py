@@ -27,8 +27,15 @@ from decimal import ROUND_FLOOR, Decimal
 from kube.api import GPU_RESOURCE
 from kube.quantities import ResourceList
 
-__all__ = ["ALWAYS_LIMITED", "FIXED_LIMITS", "lowering_step", "needs_lowering", "partition", "quota_key",
-           "quota_totals"]
+__all__ = [
+    "ALWAYS_LIMITED",
+    "FIXED_LIMITS",
+    "lowering_step",
+    "needs_lowering",
+    "partition",
+    "quota_key",
+    "quota_totals",
+]
 
 _MILLI = Decimal("0.001")
 ALWAYS_LIMITED = (GPU_RESOURCE, "cpu", "memory", "pods")
@@ -62,9 +69,12 @@ def _split(total: Decimal, n: int, unit: Decimal) -> list[Decimal]:
     return [Decimal(base + (1 if i < rem else 0)) * unit for i in range(n)]
 
 
-def partition(totals: Mapping[str, Decimal], namespaces: Sequence[str],
-              used: Mapping[str, Mapping[str, Decimal]],
-              demand: Mapping[str, Mapping[str, Decimal]] | None = None) -> dict[str, ResourceList]:
+def partition(
+    totals: Mapping[str, Decimal],
+    namespaces: Sequence[str],
+    used: Mapping[str, Mapping[str, Decimal]],
+    demand: Mapping[str, Mapping[str, Decimal]] | None = None,
+) -> dict[str, ResourceList]:
     """Hard limits per namespace for ``totals`` (see the module docstring). Namespaces are
     shares in sorted order; the first ones get the remainder of an uneven split.
 

@@ -37,10 +37,12 @@ logger = logging.getLogger(__name__)
 
 POOL = "pool"
 
-_GRANTED = gauge("gpu_pool_granted", "Resources granted to consumers over all GPUSlices, by resource.",
-                 ["resource"])
-_FREE = gauge("gpu_pool_free", "Resources free on usable provider nodes before grants, by resource.",
-              ["resource"])
+_GRANTED = gauge(
+    "gpu_pool_granted", "Resources granted to consumers over all GPUSlices, by resource.", ["resource"]
+)
+_FREE = gauge(
+    "gpu_pool_free", "Resources free on usable provider nodes before grants, by resource.", ["resource"]
+)
 
 
 def project_node(node: RawObject) -> RawObject:
@@ -48,9 +50,12 @@ def project_node(node: RawObject) -> RawObject:
     return {
         "metadata": {k: md[k] for k in ("name", "labels", "deletionTimestamp") if k in md},
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-        "status": {"allocatable": status.get("allocatable") or {},
-                   "conditions": [{"type": c.get("type"), "status": c.get("status")}
-                                  for c in status.get("conditions") or ()]},
+        "status": {
+            "allocatable": status.get("allocatable") or {},
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or ()
+            ],
+        },
     }
 
 
@@ -62,9 +67,12 @@ def project_pod(pod: RawObject) -> RawObject:
     md, spec = meta(pod), pod.get("spec") or {}
     return {
         "metadata": {"name": md.get("name"), "namespace": md.get("namespace")},
-        "spec": {"nodeName": spec.get("nodeName"), "containers": _containers(spec.get("containers")),
-                 "initContainers": _containers(spec.get("initContainers")),
-                 **{k: spec[k] for k in ("overhead", "resources") if k in spec}},
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": _containers(spec.get("containers")),
+            "initContainers": _containers(spec.get("initContainers")),
+            **{k: spec[k] for k in ("overhead", "resources") if k in spec},
+        },
         "status": {"phase": (pod.get("status") or {}).get("phase")},
     }
 
@@ -72,8 +80,17 @@ def project_pod(pod: RawObject) -> RawObject:
 class PoolReconciler:
     """Decides all slices from the caches and writes the statuses that changed."""
 
-    def __init__(self, client: KubeClient, *, nodes: Informer, pods: Informer, slices: Informer,
-                 twins: Informer, settings: ProviderSettings, requests: Informer | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        nodes: Informer,
+        pods: Informer,
+        slices: Informer,
+        twins: Informer,
+        settings: ProviderSettings,
+        requests: Informer | None = None,
+    ) -> None:
         self.client = client
         self.nodes, self.pods, self.slices, self.twins = nodes, pods, slices, twins
         self.requests = requests
@@ -100,8 +117,9 @@ class PoolReconciler:
             await cache.synced.wait()
         twin_tenants = {meta(ns)["name"]: labels(ns).get(LABEL_TENANT, "") for ns in self.twins.values()}
         slices = {ObjectKey.of(s): s for s in self.slices.values() if not meta(s).get("deletionTimestamp")}
-        free = free_capacity(self.nodes.values(), self.pods.values(), twin_tenants,
-                             reservations_of(slices.values()))
+        free = free_capacity(
+            self.nodes.values(), self.pods.values(), twin_tenants, reservations_of(slices.values())
+        )
         requests = []
         blocks = self._waiting_blocks()
         for skey, obj in slices.items():
@@ -124,26 +142,37 @@ class PoolReconciler:
         if decision.refused is not None:
             # the current spec refused, the grant decided before it still in force: not accepted,
             # not denied either (the consumer keeps what it had)
-            status["refusedChange"] = {"generation": generation or 0, "reason": decision.refused[0],
-                                       "message": decision.refused[1]}
+            status["refusedChange"] = {
+                "generation": generation or 0,
+                "reason": decision.refused[0],
+                "message": decision.refused[1],
+            }
             accepted, denied = False, False
         else:
             status.pop("refusedChange", None)
             accepted = decision.phase != "Denied"
             denied = not accepted
         reason = decision.refused[0] if decision.refused else decision.reason
-        conditions = set_condition(old_status.get("conditions"), "Accepted", accepted, reason,
-                                   decision.message, generation=generation)
-        status["conditions"] = set_condition(conditions, "Denied", denied, reason,
-                                             decision.message, generation=generation)
+        conditions = set_condition(
+            old_status.get("conditions"),
+            "Accepted",
+            accepted,
+            reason,
+            decision.message,
+            generation=generation,
+        )
+        status["conditions"] = set_condition(
+            conditions, "Denied", denied, reason, decision.message, generation=generation
+        )
         if _same(old_status, status):
             return
         log = object_logger(logger, "GPUSlice", ObjectKey.of(obj))
         try:
             # guarded: a decision made from a stale cached copy fails with Conflict (the pass is
             # retried once the cache caught up) instead of being written, and announced, twice
-            written = await patch_changes(self.client, GPUSLICES, obj, {**obj, "status": status},
-                                          subresource="status", guard=True)
+            written = await patch_changes(
+                self.client, GPUSLICES, obj, {**obj, "status": status}, subresource="status", guard=True
+            )
         except NotFound:
             return
         except KubeError as exc:
@@ -159,9 +188,13 @@ class PoolReconciler:
             await record_event(self.client, obj, "ChangeRefused", decision.message, "Warning")
         elif (old_status.get("phase"), old_status.get("granted")) != (decision.phase, status["granted"]):
             granted = ", ".join(f"{k}={v}" for k, v in status["granted"].items()) or "nothing"
-            await record_event(self.client, obj, decision.reason,
-                               f"{decision.phase}: {granted}; {decision.message}",
-                               "Warning" if decision.phase == "Denied" else "Normal")
+            await record_event(
+                self.client,
+                obj,
+                decision.reason,
+                f"{decision.phase}: {granted}; {decision.message}",
+                "Warning" if decision.phase == "Denied" else "Normal",
+            )
 
 
 def _publish(family: Any, amounts: dict[str, Any]) -> None:
@@ -172,8 +205,9 @@ def _publish(family: Any, amounts: dict[str, Any]) -> None:
 def _same(old: dict[str, Any], new: dict[str, Any]) -> bool:
     def strip(status: dict[str, Any]) -> dict[str, Any]:
         out = dict(status)
-        out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                             for c in status.get("conditions") or ()]
+        out["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions") or ()
+        ]
         return out
 
     return strip(old) == strip(new)

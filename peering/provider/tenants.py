@@ -65,8 +65,9 @@ def csr_name(consumer_id: str, csr_pem: bytes) -> str:
 async def apply(client: KubeClient, resource: Resource, body: RawObject, manager: str) -> RawObject:
     """Server-side apply of ``body`` (idempotent)."""
     md = body["metadata"]
-    return await client.patch(resource, md["name"], body, md.get("namespace"), patch_type="apply",
-                              field_manager=manager, force=True)
+    return await client.patch(
+        resource, md["name"], body, md.get("namespace"), patch_type="apply", field_manager=manager, force=True
+    )
 
 
 async def _delete(client: KubeClient, resource: Resource, name: str, namespace: str | None = None) -> bool:
@@ -124,12 +125,19 @@ class TenantReconciler:
         if FINALIZER not in (md.get("finalizers") or []):
             finalizers = [*(md.get("finalizers") or []), FINALIZER]
             tenant = await self.client.patch(
-                TENANTS, key.name, {"metadata": {"finalizers": finalizers,
-                                                 "resourceVersion": md["resourceVersion"]}}, key.namespace)
+                TENANTS,
+                key.name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": md["resourceVersion"]}},
+                key.namespace,
+            )
         if key.namespace != tenant_namespace(consumer_id) or key.name != consumer_id:
-            await self._status(tenant, False, "WrongNamespace",
-                               f"the Tenant for {consumer_id!r} must be named {consumer_id!r} "
-                               f"in namespace {tenant_namespace(consumer_id)}")
+            await self._status(
+                tenant,
+                False,
+                "WrongNamespace",
+                f"the Tenant for {consumer_id!r} must be named {consumer_id!r} "
+                f"in namespace {tenant_namespace(consumer_id)}",
+            )
             _DECISIONS.labels("WrongNamespace").inc()
             return None
         csr_b64 = (tenant.get("spec") or {}).get("csr")
@@ -155,18 +163,29 @@ class TenantReconciler:
                 return Requeue(2.0)
             not_before, not_after = certificate_validity(unb64(cert_b64))
             identity = {
-                "certificate": cert_b64, "username": consumer_username(consumer_id), "csrName": name,
+                "certificate": cert_b64,
+                "username": consumer_username(consumer_id),
+                "csrName": name,
                 "notBefore": not_before.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "notAfter": not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
             }
             log.info("issued client certificate for %s (CSR %s)", identity["username"], name)
             _DECISIONS.labels("Issued").inc()
-            await record_event(self.client, tenant, "CertificateIssued",
-                               f"issued a client certificate for {identity['username']} until "
-                               f"{identity['notAfter']} (CSR {name})")
+            await record_event(
+                self.client,
+                tenant,
+                "CertificateIssued",
+                f"issued a client certificate for {identity['username']} until "
+                f"{identity['notAfter']} (CSR {name})",
+            )
         await self._bind(tenant, consumer_id)
-        await self._status(tenant, True, "CertificateIssued",
-                           f"authenticated as {consumer_username(consumer_id)}", identity=identity)
+        await self._status(
+            tenant,
+            True,
+            "CertificateIssued",
+            f"authenticated as {consumer_username(consumer_id)}",
+            identity=identity,
+        )
         await self._drop_old_csrs(consumer_id, keep=name)
         return Requeue(self.settings.resync_seconds)
 
@@ -178,8 +197,10 @@ class TenantReconciler:
             return "InvalidCSR", str(exc)
         want = consumer_username(consumer_id)
         if info.username != want or info.groups != (CONSUMERS_GROUP,):
-            return "InvalidCSR", (f"the CSR asks for user {info.username!r} in groups {list(info.groups)}; "
-                                  f"only {want!r} in [{CONSUMERS_GROUP!r}] can be issued")
+            return "InvalidCSR", (
+                f"the CSR asks for user {info.username!r} in groups {list(info.groups)}; "
+                f"only {want!r} in [{CONSUMERS_GROUP!r}] can be issued"
+            )
         ref = spec["peeringTokenSecretRef"]
         try:
             secret = await self.client.get(SECRETS, ref["name"], meta(tenant)["namespace"])
@@ -193,18 +214,32 @@ class TenantReconciler:
             return "InvalidProof", "spec.csrProof is not the peering token's HMAC of this CSR"
         return None
 
-    async def _issue(self, key: ObjectKey, consumer_id: str, name: str, csr_b64: str,
-                     log: logging.LoggerAdapter[logging.Logger]) -> str | None:
+    async def _issue(
+        self,
+        key: ObjectKey,
+        consumer_id: str,
+        name: str,
+        csr_b64: str,
+        log: logging.LoggerAdapter[logging.Logger],
+    ) -> str | None:
         """Create and approve the CSR; its certificate (base64 PEM) once signed, else None."""
         try:
             csr = await self.client.get(CSRS, name)
         except NotFound:
             body: RawObject = {
-                "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
-                "metadata": {"name": name, "labels": owned_labels(consumer_id),
-                             "annotations": {ANNOTATION_TENANT: str(key)}},
-                "spec": {"request": csr_b64, "signerName": SIGNER, "usages": ["client auth"],
-                         "expirationSeconds": self.settings.certificate_seconds},
+                "apiVersion": "certificates.k8s.io/v1",
+                "kind": "CertificateSigningRequest",
+                "metadata": {
+                    "name": name,
+                    "labels": owned_labels(consumer_id),
+                    "annotations": {ANNOTATION_TENANT: str(key)},
+                },
+                "spec": {
+                    "request": csr_b64,
+                    "signerName": SIGNER,
+                    "usages": ["client auth"],
+                    "expirationSeconds": self.settings.certificate_seconds,
+                },
             }
             csr = await self.client.create(CSRS, body)
             log.info("created CSR %s", name)
@@ -214,9 +249,18 @@ class TenantReconciler:
             raise TemporaryError(f"CSR {name} was denied or failed; making a new one", delay=1.0)
         if not find_condition(conditions, "Approved"):
             approved = dict(csr)
-            approved["status"] = {**(csr.get("status") or {}), "conditions": [*conditions, {
-                "type": "Approved", "status": "True", "reason": "PeeringTokenVerified",
-                "message": "approved by gpuferry: the request carries a valid peering-token proof"}]}
+            approved["status"] = {
+                **(csr.get("status") or {}),
+                "conditions": [
+                    *conditions,
+                    {
+                        "type": "Approved",
+                        "status": "True",
+                        "reason": "PeeringTokenVerified",
+                        "message": "approved by gpuferry: the request carries a valid peering-token proof",
+                    },
+                ],
+            }
             csr = await self.client.replace(CSRS, name, approved, subresource="approval")
             log.info("approved CSR %s", name)
         cert = (csr.get("status") or {}).get("certificate")
@@ -226,8 +270,12 @@ class TenantReconciler:
         ns = meta(tenant)["namespace"]
         manager = self.settings.field_manager
         await apply(self.client, ROLES, tenant_role(ns, consumer_id), manager)
-        await apply(self.client, ROLEBINDINGS,
-                    consumer_rolebinding(ns, consumer_id, consumer_username(consumer_id)), manager)
+        await apply(
+            self.client,
+            ROLEBINDINGS,
+            consumer_rolebinding(ns, consumer_id, consumer_username(consumer_id)),
+            manager,
+        )
 
     async def _drop_old_csrs(self, consumer_id: str, keep: str) -> None:
         found = await self.client.list(CSRS, label_selector=f"{LABEL_TENANT}={consumer_id}")
@@ -242,23 +290,48 @@ class TenantReconciler:
             finalizers = meta(req).get("finalizers") or []
             if TWIN_FINALIZER in finalizers:
                 with contextlib.suppress(NotFound):
-                    await self.client.patch(NAMESPACEOFFLOADINGS, meta(req)["name"], {"metadata": {
-                        "finalizers": [f for f in finalizers if f != TWIN_FINALIZER],
-                        "resourceVersion": meta(req)["resourceVersion"]}}, namespace)
+                    await self.client.patch(
+                        NAMESPACEOFFLOADINGS,
+                        meta(req)["name"],
+                        {
+                            "metadata": {
+                                "finalizers": [f for f in finalizers if f != TWIN_FINALIZER],
+                                "resourceVersion": meta(req)["resourceVersion"],
+                            }
+                        },
+                        namespace,
+                    )
 
     async def _remove_finalizer(self, tenant: RawObject) -> None:
         md = meta(tenant)
         finalizers = [f for f in md.get("finalizers") or [] if f != FINALIZER]
         with contextlib.suppress(NotFound):
-            await self.client.patch(TENANTS, md["name"], {"metadata": {
-                "finalizers": finalizers, "resourceVersion": md["resourceVersion"]}}, md["namespace"])
+            await self.client.patch(
+                TENANTS,
+                md["name"],
+                {"metadata": {"finalizers": finalizers, "resourceVersion": md["resourceVersion"]}},
+                md["namespace"],
+            )
 
-    async def _status(self, tenant: RawObject, ok: bool, reason: str, message: str, *,
-                      identity: dict[str, Any] | None = None) -> None:
+    async def _status(
+        self,
+        tenant: RawObject,
+        ok: bool,
+        reason: str,
+        message: str,
+        *,
+        identity: dict[str, Any] | None = None,
+    ) -> None:
         status = dict(tenant.get("status") or {})
         status["observedGeneration"] = meta(tenant).get("generation", 0)
-        status["conditions"] = set_condition(status.get("conditions"), "Authenticated", ok, reason, message,
-                                             generation=meta(tenant).get("generation"))
+        status["conditions"] = set_condition(
+            status.get("conditions"),
+            "Authenticated",
+            ok,
+            reason,
+            message,
+            generation=meta(tenant).get("generation"),
+        )
         if identity is not None:
             status["identity"] = identity
         elif not ok:

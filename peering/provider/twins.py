@@ -92,8 +92,11 @@ def demand_of(request: RawObject) -> ResourceList:
 def pinned_selector(slices: list[RawObject]) -> dict[str, str]:
     """The node selector a tenant's pods must carry: what every grant in force was decided for
     (``status.nodeSelector``; the keys and values they share when there are several)."""
-    selectors = [dict((s.get("status") or {}).get("nodeSelector") or {}) for s in slices
-                 if (s.get("status") or {}).get("phase") in _GRANTED and not meta(s).get("deletionTimestamp")]
+    selectors = [
+        dict((s.get("status") or {}).get("nodeSelector") or {})
+        for s in slices
+        if (s.get("status") or {}).get("phase") in _GRANTED and not meta(s).get("deletionTimestamp")
+    ]
     if not selectors:
         return {}
     first, *rest = selectors
@@ -102,9 +105,13 @@ def pinned_selector(slices: list[RawObject]) -> dict[str, str]:
 
 def tenant_grant(slices: list[RawObject]) -> ResourceList:
     """The tenant's total grant: Σ status.granted of its granted slices."""
-    return add(*(parse_resource_list((s.get("status") or {}).get("granted"))
-                 for s in slices if (s.get("status") or {}).get("phase") in _GRANTED
-                 and not meta(s).get("deletionTimestamp")))
+    return add(
+        *(
+            parse_resource_list((s.get("status") or {}).get("granted"))
+            for s in slices
+            if (s.get("status") or {}).get("phase") in _GRANTED and not meta(s).get("deletionTimestamp")
+        )
+    )
 
 
 class TwinReconciler:
@@ -126,11 +133,19 @@ class TwinReconciler:
         if meta(tenant).get("deletionTimestamp"):
             return None
         spec = tenant["spec"]
-        requests = sorted((await self.client.list(NAMESPACEOFFLOADINGS, tenant_ns))["items"],
-                          key=lambda r: (meta(r).get("creationTimestamp", ""), meta(r)["name"]))
-        existing = {meta(ns)["name"]: ns for ns in (await self.client.list(
-            NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id},{LABEL_ORIGIN_NAMESPACE}"))["items"]}
-        wanted: dict[str, RawObject] = {}   # twin namespace -> request
+        requests = sorted(
+            (await self.client.list(NAMESPACEOFFLOADINGS, tenant_ns))["items"],
+            key=lambda r: (meta(r).get("creationTimestamp", ""), meta(r)["name"]),
+        )
+        existing = {
+            meta(ns)["name"]: ns
+            for ns in (
+                await self.client.list(
+                    NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id},{LABEL_ORIGIN_NAMESPACE}"
+                )
+            )["items"]
+        }
+        wanted: dict[str, RawObject] = {}  # twin namespace -> request
         ready: list[str] = []
         pending = False
         slices = (await self.client.list(GPUSLICES, tenant_ns))["items"]
@@ -167,35 +182,60 @@ class TwinReconciler:
         synced, usable = await self._partition(consumer_id, ready, grant, log, demand)
         for name in ready:
             await apply(self.client, ROLES, twin_role(name, consumer_id), self.settings.field_manager)
-            await apply(self.client, ROLEBINDINGS,
-                        consumer_rolebinding(name, consumer_id, consumer_username(consumer_id)),
-                        self.settings.field_manager)
+            await apply(
+                self.client,
+                ROLEBINDINGS,
+                consumer_rolebinding(name, consumer_id, consumer_username(consumer_id)),
+                self.settings.field_manager,
+            )
         for name in ready:
             if name in usable:
-                await self._request_status(wanted[name], name, "Ready", True, "TwinNamespaceReady",
-                                           f"twin namespace {name} is ready")
+                await self._request_status(
+                    wanted[name], name, "Ready", True, "TwinNamespaceReady", f"twin namespace {name} is ready"
+                )
             elif (wanted[name].get("status") or {}).get("phase") != "Ready":
-                await self._request_status(wanted[name], name, "Pending", False, "WaitingForQuota",
-                                           f"twin namespace {name} waits for its share of the grant")
+                await self._request_status(
+                    wanted[name],
+                    name,
+                    "Pending",
+                    False,
+                    "WaitingForQuota",
+                    f"twin namespace {name} waits for its share of the grant",
+                )
         new_status = {**(tenant.get("status") or {}), "twinNamespaces": sorted(wanted)}
-        await patch_changes(self.client, TENANTS, tenant, {**tenant, "status": new_status},
-                            subresource="status")
+        await patch_changes(
+            self.client, TENANTS, tenant, {**tenant, "status": new_status}, subresource="status"
+        )
         if not synced:
-            raise TemporaryError("waiting for the quota controller to sync lowered quotas",
-                                 delay=self.settings.quota_sync_retry)
+            raise TemporaryError(
+                "waiting for the quota controller to sync lowered quotas",
+                delay=self.settings.quota_sync_retry,
+            )
         if pending:
             return Requeue(1.0)
         return Requeue(self.settings.resync_seconds)
 
-    async def _ensure_namespace(self, req: RawObject, consumer_id: str, spec: dict[str, Any],
-                                existing: dict[str, RawObject], count: int,
-                                log: logging.LoggerAdapter[logging.Logger],
-                                pinned: Mapping[str, str]) -> tuple[str, bool] | None:
+    async def _ensure_namespace(
+        self,
+        req: RawObject,
+        consumer_id: str,
+        spec: dict[str, Any],
+        existing: dict[str, RawObject],
+        count: int,
+        log: logging.LoggerAdapter[logging.Logger],
+        pinned: Mapping[str, str],
+    ) -> tuple[str, bool] | None:
         rspec = req.get("spec") or {}
         origin = rspec.get("originNamespace")
         if not origin:
-            await self._request_status(req, None, "Failed", False, "NoOriginNamespace",
-                                       "spec.originNamespace is required on a provider")
+            await self._request_status(
+                req,
+                None,
+                "Failed",
+                False,
+                "NoOriginNamespace",
+                "spec.originNamespace is required on a provider",
+            )
             return None
         strategy = rspec.get("namespaceMappingStrategy") or "DefaultName"
         try:
@@ -204,13 +244,20 @@ class TwinReconciler:
             await self._request_status(req, None, "Failed", False, "InvalidName", str(exc))
             return None
         if is_reserved_namespace(name):
-            await self._request_status(req, None, "Failed", False, "NamespaceReserved",
-                                       f"{name} is a reserved namespace")
+            await self._request_status(
+                req, None, "Failed", False, "NamespaceReserved", f"{name} is a reserved namespace"
+            )
             return None
         limit = int(spec.get("maxTwinNamespaces", 64))
         if name not in existing and count >= limit:
-            await self._request_status(req, None, "Failed", False, "TooManyTwinNamespaces",
-                                       f"this tenant may have at most {limit} twin namespaces")
+            await self._request_status(
+                req,
+                None,
+                "Failed",
+                False,
+                "TooManyTwinNamespaces",
+                f"this tenant may have at most {limit} twin namespaces",
+            )
             return None
         ns = existing.get(name)
         if ns is None:
@@ -219,23 +266,48 @@ class TwinReconciler:
             except NotFound:
                 found = None
             if found is not None:
-                await self._request_status(req, None, "Failed", False, "NamespaceTaken",
-                                           f"namespace {name} exists on the provider and is not "
-                                           "this tenant's")
+                await self._request_status(
+                    req,
+                    None,
+                    "Failed",
+                    False,
+                    "NamespaceTaken",
+                    f"namespace {name} exists on the provider and is not this tenant's",
+                )
                 return None
         elif meta(ns).get("labels", {}).get(LABEL_ORIGIN_NAMESPACE) != origin:
-            await self._request_status(req, None, "Failed", False, "NamespaceTaken",
-                                       f"namespace {name} is another origin namespace's twin")
+            await self._request_status(
+                req,
+                None,
+                "Failed",
+                False,
+                "NamespaceTaken",
+                f"namespace {name} is another origin namespace's twin",
+            )
             return None
         if ns is not None and meta(ns).get("deletionTimestamp"):
-            await self._request_status(req, name, "Pending", False, "NamespaceTerminating",
-                                       f"twin namespace {name} is still being deleted")
+            await self._request_status(
+                req,
+                name,
+                "Pending",
+                False,
+                "NamespaceTerminating",
+                f"twin namespace {name} is still being deleted",
+            )
             return name, False
         finalizers = meta(req).get("finalizers") or []
         if FINALIZER not in finalizers:
-            await self.client.patch(NAMESPACEOFFLOADINGS, meta(req)["name"], {"metadata": {
-                "finalizers": [*finalizers, FINALIZER], "resourceVersion": meta(req)["resourceVersion"]}},
-                meta(req)["namespace"])
+            await self.client.patch(
+                NAMESPACEOFFLOADINGS,
+                meta(req)["name"],
+                {
+                    "metadata": {
+                        "finalizers": [*finalizers, FINALIZER],
+                        "resourceVersion": meta(req)["resourceVersion"],
+                    }
+                },
+                meta(req)["namespace"],
+            )
         pod_security = str(spec.get("podSecurity") or "baseline")
         body = twin_namespace(name, consumer_id, origin, pod_security, pinned)
         created = await apply(self.client, NAMESPACES, body, self.settings.field_manager)
@@ -251,16 +323,23 @@ class TwinReconciler:
                 quota = await self.client.get(RESOURCEQUOTAS, GRANT_QUOTA, ns)
             except NotFound:
                 continue
-            used.append({k.removeprefix("requests."): v for k, v in parse_resource_list(
-                (quota.get("status") or {}).get("used")).items()})
+            used.append(
+                {
+                    k.removeprefix("requests."): v
+                    for k, v in parse_resource_list((quota.get("status") or {}).get("used")).items()
+                }
+            )
         return add(*used)
 
     async def _release(self, req: RawObject, existing: dict[str, RawObject]) -> bool:
         """Drop the request's finalizer once its twin namespace is gone; False while it is not."""
         md = meta(req)
-        remaining = [n for n, ns in existing.items()
-                     if meta(ns).get("labels", {}).get(LABEL_ORIGIN_NAMESPACE)
-                     == (req.get("spec") or {}).get("originNamespace")]
+        remaining = [
+            n
+            for n, ns in existing.items()
+            if meta(ns).get("labels", {}).get(LABEL_ORIGIN_NAMESPACE)
+            == (req.get("spec") or {}).get("originNamespace")
+        ]
         for name in remaining:
             try:
                 await self.client.get(NAMESPACES, name)
@@ -269,13 +348,22 @@ class TwinReconciler:
             return False
         finalizers = [f for f in md.get("finalizers") or [] if f != FINALIZER]
         with contextlib.suppress(NotFound):
-            await self.client.patch(NAMESPACEOFFLOADINGS, md["name"], {"metadata": {
-                "finalizers": finalizers, "resourceVersion": md["resourceVersion"]}}, md["namespace"])
+            await self.client.patch(
+                NAMESPACEOFFLOADINGS,
+                md["name"],
+                {"metadata": {"finalizers": finalizers, "resourceVersion": md["resourceVersion"]}},
+                md["namespace"],
+            )
         return True
 
-    async def _partition(self, consumer_id: str, namespaces: list[str], grant: ResourceList,
-                         log: logging.LoggerAdapter[logging.Logger],
-                         demand: dict[str, ResourceList] | None = None) -> tuple[bool, set[str]]:
+    async def _partition(
+        self,
+        consumer_id: str,
+        namespaces: list[str],
+        grant: ResourceList,
+        log: logging.LoggerAdapter[logging.Logger],
+        demand: dict[str, ResourceList] | None = None,
+    ) -> tuple[bool, set[str]]:
         """Bring the quotas towards the partition. Returns (False while a lowered quota is not
         synced yet, the namespaces whose quota is at its planned share and enforced)."""
         quotas: dict[str, RawObject | None] = {}
@@ -284,16 +372,24 @@ class TwinReconciler:
                 quotas[ns] = await self.client.get(RESOURCEQUOTAS, GRANT_QUOTA, ns)
             except NotFound:
                 quotas[ns] = None
-        current = {ns: _partitioned(parse_resource_list((q.get("spec") or {}).get("hard"))) if q else None
-                   for ns, q in quotas.items()}
-        used = {ns: parse_resource_list((q.get("status") or {}).get("used")) if q else {}
-                for ns, q in quotas.items()}
+        current = {
+            ns: _partitioned(parse_resource_list((q.get("spec") or {}).get("hard"))) if q else None
+            for ns, q in quotas.items()
+        }
+        used = {
+            ns: parse_resource_list((q.get("status") or {}).get("used")) if q else {}
+            for ns, q in quotas.items()
+        }
         plan = partition(quota_totals(grant), namespaces, used, demand)
-        lowering = {ns: lowering_step(current[ns], plan[ns]) for ns in namespaces
-                    if needs_lowering(current[ns], plan[ns])}
+        lowering = {
+            ns: lowering_step(current[ns], plan[ns])
+            for ns in namespaces
+            if needs_lowering(current[ns], plan[ns])
+        }
         for ns, hard in lowering.items():
-            await apply(self.client, RESOURCEQUOTAS, grant_quota(ns, consumer_id, hard),
-                        self.settings.field_manager)
+            await apply(
+                self.client, RESOURCEQUOTAS, grant_quota(ns, consumer_id, hard), self.settings.field_manager
+            )
             lr = limit_range(ns, consumer_id, plan[ns])
             if lr is not None:
                 await apply(self.client, LIMITRANGES, lr, self.settings.field_manager)
@@ -305,13 +401,18 @@ class TwinReconciler:
             return False, usable
         for ns in namespaces:
             if plan[ns] != current[ns]:
-                await apply(self.client, RESOURCEQUOTAS, grant_quota(ns, consumer_id, plan[ns]),
-                            self.settings.field_manager)
+                await apply(
+                    self.client,
+                    RESOURCEQUOTAS,
+                    grant_quota(ns, consumer_id, plan[ns]),
+                    self.settings.field_manager,
+                )
                 log.info("quota of %s raised to %s", ns, _fmt(plan[ns]))
         return True, usable
 
-    async def _request_status(self, req: RawObject, remote: str | None, phase: str, ok: bool, reason: str,
-                              message: str) -> None:
+    async def _request_status(
+        self, req: RawObject, remote: str | None, phase: str, ok: bool, reason: str, message: str
+    ) -> None:
         old = req.get("status") or {}
         status: dict[str, Any] = {**old, "phase": phase, "observedGeneration": meta(req).get("generation", 0)}
         if remote is not None:
@@ -319,14 +420,21 @@ class TwinReconciler:
         else:
             status.pop("remoteNamespace", None)
         cond = find_condition(old.get("conditions"), "Ready")
-        if cond and cond.get("status") == ("True" if ok else "False") and cond.get("reason") == reason \
-                and old.get("phase") == phase and old.get("remoteNamespace") == remote:
+        if (
+            cond
+            and cond.get("status") == ("True" if ok else "False")
+            and cond.get("reason") == reason
+            and old.get("phase") == phase
+            and old.get("remoteNamespace") == remote
+        ):
             return
-        status["conditions"] = set_condition(old.get("conditions"), "Ready", ok, reason, message,
-                                             generation=meta(req).get("generation"))
+        status["conditions"] = set_condition(
+            old.get("conditions"), "Ready", ok, reason, message, generation=meta(req).get("generation")
+        )
         try:
-            await patch_changes(self.client, NAMESPACEOFFLOADINGS, req, {**req, "status": status},
-                                subresource="status")
+            await patch_changes(
+                self.client, NAMESPACEOFFLOADINGS, req, {**req, "status": status}, subresource="status"
+            )
         except NotFound:
             return
         if not ok and phase == "Failed":

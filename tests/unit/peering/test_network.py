@@ -13,6 +13,7 @@ from peering.network import (
     declaration_from_configmap,
     network_ready,
 )
+from peering.provider.networks import accepted_network
 
 
 def cm(**data: str) -> dict[str, Any]:
@@ -45,12 +46,18 @@ def test_a_full_declaration() -> None:
         ({"podCIDRs": "fd00::/64", "serviceCIDRs": "10.96.0.0/16"}, "is IPv6"),
         ({"podCIDRs": "10.244.0.0/16,10.244.1.0/24", "serviceCIDRs": "10.96.0.0/16"}, "overlaps"),
         ({"podCIDRs": "10.0.0.0/8", "serviceCIDRs": "10.96.0.0/16"}, "10.96.0.0/16 overlaps podCIDRs"),
-        ({"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "gatewayIP": "10.1.0.2"},
-         "gatewayIP 10.1.0.2 is not inside podCIDRs"),
-        ({"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "endpointPort": "udp"},
-         "endpointPort 'udp' is not a UDP port"),
-        ({"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "mtu": "576"},
-         "mtu '576' is not a number between 1280 and 9000"),
+        (
+            {"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "gatewayIP": "10.1.0.2"},
+            "gatewayIP 10.1.0.2 is not inside podCIDRs",
+        ),
+        (
+            {"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "endpointPort": "udp"},
+            "endpointPort 'udp' is not a UDP port",
+        ),
+        (
+            {"podCIDRs": "10.244.0.0/16", "serviceCIDRs": "10.96.0.0/16", "mtu": "576"},
+            "mtu '576' is not a number between 1280 and 9000",
+        ),
     ],
 )
 def test_bad_declarations_say_what_to_fix(data: dict[str, str], message: str) -> None:
@@ -69,3 +76,32 @@ def test_network_ready_reads_the_gateways_condition() -> None:
     obj = {"status": {"conditions": [{"type": "NetworkReady", "status": "False", "reason": "NoHandshake",
                                       "message": "no handshake yet"}]}}  # fmt: skip
     assert network_ready(obj) == (False, "NoHandshake", "no handshake yet")
+
+
+def test_the_provider_routes_the_cidrs_it_accepted_and_takes_only_the_key_from_the_consumer() -> None:
+    """Issue 16 §4: what the consumer writes later into spec.network changes its key, not its CIDRs."""
+    key = "A" * 43 + "="
+    first = {
+        "spec": {
+            "network": {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"], "publicKey": key}
+        }
+    }
+    assert accepted_network(first) == (
+        {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"], "publicKey": key},
+        None,
+    )
+    rotated = {
+        **first,
+        "status": {"acceptedNetwork": {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}},
+    }
+    rotated["spec"] = {"network": {**first["spec"]["network"], "publicKey": "B" * 43 + "="}}
+    assert accepted_network(rotated)[0]["publicKey"] == "B" * 43 + "="  # type: ignore[index]
+    hostile = {**rotated, "spec": {"network": {"podCIDRs": ["172.16.0.0/12"], "publicKey": key}}}
+    routed, why = accepted_network(hostile)
+    assert routed == {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"], "publicKey": key}
+    assert why == (
+        "the consumer asks for pod CIDRs 172.16.0.0/12 and Service CIDRs none; the provider routes "
+        "the accepted 10.244.0.0/16 and 10.96.0.0/16 (a provider operator approves new CIDRs by "
+        "writing them into the Tenant's status.acceptedNetwork)"
+    )
+    assert accepted_network({"spec": {}}) == (None, None)

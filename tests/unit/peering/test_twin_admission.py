@@ -3,7 +3,16 @@ checked against the real API server in tests/integration/test_e2e_story.py)."""
 
 from __future__ import annotations
 
-from peering.provider.admission import pin_annotations, twin_admission_objects
+import re
+from pathlib import Path
+
+from peering.provider.admission import (
+    PODS_POLICY,
+    POLICY_NAMES,
+    SERVICES_POLICY,
+    pin_annotations,
+    twin_admission_objects,
+)
 from peering.provider.builders import twin_namespace
 from peering.provider.twins import pinned_selector
 
@@ -24,11 +33,26 @@ def test_the_pin_is_the_selector_every_grant_in_force_was_decided_for() -> None:
     assert pin_annotations({}) == {}
 
 
-def test_policies_come_before_their_bindings_and_bind_twin_namespaces_only() -> None:
+def test_policies_come_before_their_bindings_and_bind_what_they_guard() -> None:
     objects = twin_admission_objects()
     kinds = [body["kind"] for _, body in objects]
-    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 4
+    names = [body["metadata"]["name"] for _, body in objects]
+    assert names[::2] == names[1::2] == list(POLICY_NAMES)
+    twin_only = {"matchExpressions": [{"key": "gpuferry.io/origin-namespace", "operator": "Exists"}]}
     for _, body in objects[1::2]:
         assert body["spec"]["validationActions"] == ["Deny"]
-        assert body["spec"]["matchResources"]["namespaceSelector"] == {
-            "matchExpressions": [{"key": "gpuferry.io/origin-namespace", "operator": "Exists"}]}  # fmt: skip
+        guards_twins = body["metadata"]["name"] in (PODS_POLICY, SERVICES_POLICY)
+        assert body["spec"].get("matchResources", {}).get("namespaceSelector") == (
+            twin_only if guards_twins else None), body  # fmt: skip
+    # what the consumer writes itself is checked for consumers only: the provider's operators approve
+    for _, body in objects[4::2]:
+        (condition,) = body["spec"]["matchConditions"]
+        assert "'gpuferry:consumers' in request.userInfo.groups" in condition["expression"]
+        assert ":gpuferry-peering'" in condition["expression"]
+
+
+def test_the_chart_lets_the_provider_controller_keep_every_policy_and_no_other() -> None:
+    template = (Path(__file__).parents[3] / "charts/gpuferry/templates/provider.yaml").read_text()
+    (names,) = re.findall(r'resourceNames: \[("gpuferry-twin-pods"[^\]]*)\]', template)
+    assert sorted(re.findall(r'"([^"]+)"', names)) == sorted(POLICY_NAMES)
