@@ -291,8 +291,12 @@ async def authenticate(
         with contextlib.suppress(AlreadyExists):
             await provider.create(TENANTS, body)
         progress(f"Tenant {ns}/{consumer_id} submitted with CSR for {consumer_username(consumer_id)}")
-    elif any((current.get("spec") or {}).get(k) != v for k, v in spec.items()):
-        await provider.patch(TENANTS, consumer_id, {"spec": spec}, ns)
+    else:
+        # a Tenant that exists keeps what the provider may have set since (its Pod Security, how
+        # many twin namespaces): the consumer sends its new CSR and proof only
+        renewal = {k: spec[k] for k in ("csr", "csrProof")}
+        if any((current.get("spec") or {}).get(k) != v for k, v in renewal.items()):
+            await provider.patch(TENANTS, consumer_id, {"spec": renewal}, ns)
         progress(f"Tenant {ns}/{consumer_id} submitted with CSR for {consumer_username(consumer_id)}")
 
     wanted_csr = csr_name(consumer_id, csr_pem)

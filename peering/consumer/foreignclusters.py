@@ -74,6 +74,9 @@ __all__ = ["FINALIZER", "ForeignClusterReconciler"]
 
 logger = logging.getLogger(__name__)
 
+#: How often a slice change the provider's API server refused is tried again.
+REFUSED_RETRY_SECONDS = 10.0
+
 FINALIZER = "core.gpuferry.io/peering"
 CONDITIONS = ("Authenticated", "SliceGranted", "VirtualNodeReady", NETWORK_READY)
 
@@ -130,6 +133,9 @@ class ForeignClusterReconciler:
             result.set(wait.condition, False, wait.reason, wait.message)
             retry = wait.retry
         await self._write_status(fc, result)
+        if result.slice_in_force:
+            # the provider's operator may approve it any moment (an annotation we cannot watch)
+            retry = min(retry or self.resync_seconds, REFUSED_RETRY_SECONDS)
         return Requeue(retry if retry is not None else self.resync_seconds)
 
     # ---- the steps -----------------------------------------------------------------------------

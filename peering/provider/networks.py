@@ -191,7 +191,8 @@ class TenantNetworkReconciler:
             with contextlib.suppress(NotFound):
                 await self.client.delete(PEERNETWORKS, consumer_id, key.namespace)
         new_status = dict(tenant.get("status") or {})
-        if network and is_authenticated and not new_status.get("acceptedNetwork"):
+        if network and network["podCIDRs"] and network["serviceCIDRs"] and is_authenticated \
+                and not new_status.get("acceptedNetwork"):  # fmt: skip
             new_status["acceptedNetwork"] = {k: network[k] for k in ("podCIDRs", "serviceCIDRs")}
         if status_network is None:
             new_status.pop("network", None)

@@ -25,7 +25,7 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import GATEWAY_IP, local_network
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS
+from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS, TENANTS
 from netfabric.objects import rotate_private_key
 from netfabric.wireguard import wireguard_go_pids
 from peering.localagents import all_agents, find_agent
@@ -148,6 +148,26 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
         await eventually("the rotated key on the provider's PeerNetwork", carried)
         back = answers(there, REMOTE_POD, f"consumer-pod {GATEWAY_IP}")
         await eventually("traffic after the key rotation", back)
+
+    # issue 16 §4: the provider routes the CIDRs it accepted when the consumer peered (the consumer
+    # may not change them, tests/integration/test_hostile_consumer.py); and were its operator to
+    # approve a range over its own gateway's (172.16.0.0/12 holds the WAN), the gateway refuses it
+    tns = "gpuferry-tenant-ml-eu"
+    tenant = await provider_client.get(TENANTS, "ml-eu", tns)
+    accepted = tenant["status"]["acceptedNetwork"]
+    assert accepted == {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}, accepted
+    over_the_wan = {"status": {"acceptedNetwork": {"podCIDRs": ["172.16.0.0/12"], "serviceCIDRs": ["10.96.0.0/16"]}}}
+    await provider_client.patch(TENANTS, "ml-eu", over_the_wan, tns, subresource="status")
+
+    def refused(obj: dict[str, Any]) -> bool:
+        ready = condition(obj, "NetworkReady") or {}
+        return ready.get("status") == "False" and "the peer's CIDR 172.16.0.0/12 overlaps this" in ready.get(
+            "message", "")  # fmt: skip
+
+    pnet = await wait_for(provider_client, PEERNETWORKS, "ml-eu", refused, namespace=tns, timeout=30)
+    assert pnet["spec"]["podCIDRs"] == ["172.16.0.0/12"]
+    message = condition(pnet, "NetworkReady")["message"]  # type: ignore[index]
+    assert "routing it to the tunnel would hand this side's own traffic to the peer" in message, message
 
     await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q")
     assert fabric_leftovers(consumer) == [] and fabric_leftovers(provider) == []

@@ -53,6 +53,11 @@ def spec_with(side: Side, **changes: Any) -> None:
         ({"podCIDRs": ["fd00::/64"]}, "spec.podCIDRs[0]", "IPv6"),
         ({"publicKey": "c2hvcnQ="}, "spec.publicKey", "44 base64 characters"),
         ({"sourceNatMode": "Masquerade"}, "spec.sourceNatMode", "not one of Gateway, Preserve"),
+        # issue 16 §4: the gateway's own WAN (172.30.0.0/30, found in its namespace) is not the peer's
+        ({"podCIDRs": ["10.244.0.0/16", "172.16.0.0/12"]}, "spec.podCIDRs[1]",
+         "the peer's CIDR 172.16.0.0/12 overlaps this gateway's own address range on wan (172.30.0.0/30)"),
+        ({"serviceCIDRs": ["127.0.0.0/8"]}, "spec.serviceCIDRs[0]",
+         "overlaps this gateway's own address range on lo (127.0.0.0/8)"),
     ],
 )
 async def test_bad_objects_are_refused_before_anything_is_applied(

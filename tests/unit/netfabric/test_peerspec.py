@@ -159,7 +159,7 @@ def test_a_declaration_reserves_its_node_cidrs_and_its_endpoint() -> None:
         side="provider",
     )
     assert declared_network(named).reserved == ()  # a DNS name: nothing to reserve by address
-    with pytest.raises(DeclarationError, match="nodeCIDRs '172.31.0.1/24' is not an IPv4 network address"):
+    with pytest.raises(DeclarationError, match=r"nodeCIDRs '172\.31\.0\.1/24' is not an IPv4 network"):
         declaration_from_configmap(
             {
                 "data": {
