@@ -17,6 +17,13 @@ ValidatingAdmissionPolicy closes what those do not (issue 16):
 * **No Service ``externalIPs``** (CVE-2020-8554: a Service with external IPs intercepts traffic
   to those addresses for the whole cluster). NodePort and LoadBalancer Services are already
   refused by the quota (0 of each).
+* **EndpointSlices point at pods only** (CVE-2021-25740: a hand-written EndpointSlice sends a
+  Service's traffic anywhere: the API server, a node, a metadata service). The virtual kubelet
+  writes EndpointSlices for the consumer's Services; their addresses are twins (the provider's pod
+  CIDRs) or consumer pods (the provider's view of the consumer's pod CIDRs). The twin namespace
+  carries both as the annotation ``gpuferry.io/endpoint-cidrs``, written by the provider
+  controller from its network declaration and the tenant's PeerNetwork; without a declaration
+  (the provider does not know its pod CIDRs) nothing is checked.
 
 Only what is created is checked for the pod fields (a pod's ``nodeName`` is set by the
 scheduler's binding afterwards, and its node selector and priority cannot change); a Service is
@@ -60,6 +67,8 @@ from ..resources import (
 
 __all__ = [
     "APPROVED_SELECTOR_ANNOTATION",
+    "ENDPOINTS_POLICY",
+    "ENDPOINT_CIDRS_ANNOTATION",
     "MAX_RESOURCES_ANNOTATION",
     "NODE_SELECTOR_PREFIX",
     "PODS_POLICY",
@@ -73,9 +82,11 @@ __all__ = [
 
 PODS_POLICY = "gpuferry-twin-pods"
 SERVICES_POLICY = "gpuferry-twin-services"
+ENDPOINTS_POLICY = "gpuferry-twin-endpoints"
+ENDPOINT_CIDRS_ANNOTATION = "gpuferry.io/endpoint-cidrs"
 TENANTS_POLICY = "gpuferry-tenant-self-service"
 SLICES_POLICY = "gpuferry-slice-self-service"
-POLICY_NAMES = (PODS_POLICY, SERVICES_POLICY, TENANTS_POLICY, SLICES_POLICY)
+POLICY_NAMES = (PODS_POLICY, SERVICES_POLICY, ENDPOINTS_POLICY, TENANTS_POLICY, SLICES_POLICY)
 MAX_RESOURCES_ANNOTATION = "sharing.gpuferry.io/max-resources"
 APPROVED_SELECTOR_ANNOTATION = "sharing.gpuferry.io/approved-node-selector"
 DEFAULT_MAX_TWIN_NAMESPACES = 64
@@ -166,6 +177,38 @@ def services_policy() -> dict[str, Any]:
                 "traffic to those addresses for the whole provider cluster)",
                 "reason": "Forbidden",
             },
+        ],
+    )
+
+
+def endpoints_policy() -> dict[str, Any]:
+    return _policy(
+        ENDPOINTS_POLICY,
+        [
+            {
+                "apiGroups": ["discovery.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["endpointslices"],
+            }
+        ],
+        [
+            {
+                "expression": "size(variables.allowed) == 0 || (object.addressType == 'IPv4' && "
+                "object.?endpoints.orValue([]).all(e, e.addresses.all(a, "
+                "variables.allowed.exists(c, cidr(c).containsIP(a)))))",
+                "messageExpression": "'a tenant\\'s EndpointSlice may point at pods only (IPv4 addresses "
+                "in ' + variables.allowed.join(', ') + '): anything else would send its Service\\'s traffic "
+                "outside the tenant (CVE-2021-25740)'",
+                "reason": "Forbidden",
+            },
+        ],
+        [
+            {
+                "name": "allowed",
+                "expression": "namespaceObject.metadata.?annotations"
+                f"[?'{ENDPOINT_CIDRS_ANNOTATION}'].orValue('').split(',').filter(c, c != '')",
+            }
         ],
     )
 
@@ -316,6 +359,8 @@ def twin_admission_objects() -> list[tuple[Resource, dict[str, Any]]]:
         (VALIDATINGADMISSIONPOLICYBINDINGS, binding(PODS_POLICY)),
         (VALIDATINGADMISSIONPOLICIES, services_policy()),
         (VALIDATINGADMISSIONPOLICYBINDINGS, binding(SERVICES_POLICY)),
+        (VALIDATINGADMISSIONPOLICIES, endpoints_policy()),
+        (VALIDATINGADMISSIONPOLICYBINDINGS, binding(ENDPOINTS_POLICY)),
         (VALIDATINGADMISSIONPOLICIES, tenants_policy()),
         (VALIDATINGADMISSIONPOLICYBINDINGS, binding(TENANTS_POLICY, twin_namespaces=False)),
         (VALIDATINGADMISSIONPOLICIES, slices_policy()),

@@ -120,9 +120,16 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
         if (change.key.namespace or "").startswith(TENANT_NAMESPACE_PREFIX):
             networks_q.add(change.key)  # named after its consumer, beside its Tenant
 
+            def remaps(obj: RawObject | None) -> object:
+                return ((obj or {}).get("status") or {}).get("remappedPodCIDRs")
+
+            if remaps(change.old) != remaps(change.new):
+                tenant_ns_changed(change.key.namespace)  # the twin namespaces' endpoint CIDRs
+
     def declaration_changed(_: Change) -> None:
         for key in tenants:
             networks_q.add(key)
+            tenant_ns_changed(key.namespace)  # the twin namespaces' endpoint CIDRs
 
     def csr_changed(change: Change) -> None:
         found = (meta(change.object).get("annotations") or {}).get(ANNOTATION_TENANT)
@@ -172,7 +179,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     manager.add_controller(
         Controller("pool", pool_q, pool, kind="GPUPool", informers=pool_informers, logger=logger)
     )
-    twins = TwinReconciler(client, settings=settings)
+    twins = TwinReconciler(client, settings=settings, peer_networks=peer_networks, declaration=declaration)
     manager.add_controller(Controller("twins", twins_q, twins, kind="TenantNamespace", logger=logger))
     manager.add_task("twin-admission", lambda: keep_twin_admission(client, settings))
     networks = TenantNetworkReconciler(client, peer_networks=peer_networks, settings=settings)

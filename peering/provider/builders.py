@@ -10,7 +10,7 @@ self-subject reviews, discovery — is enough).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -26,7 +26,7 @@ from ..resources import (
     PEERING_ACCOUNT,
     TOKEN_SECRET,
 )
-from .admission import pin_annotations
+from .admission import ENDPOINT_CIDRS_ANNOTATION, pin_annotations
 from .quotas import FIXED_LIMITS
 
 __all__ = [
@@ -170,17 +170,26 @@ def owned_labels(consumer_id: str, **extra: str) -> dict[str, str]:
 
 
 def twin_namespace(
-    name: str, consumer_id: str, origin: str, pod_security: str, pinned: Mapping[str, str] | None = None
+    name: str,
+    consumer_id: str,
+    origin: str,
+    pod_security: str,
+    pinned: Mapping[str, str] | None = None,
+    endpoint_cidrs: Sequence[str] = (),
 ) -> RawObject:
-    """A twin namespace, labelled as the tenant's, with Pod Security admission enforced, and the
-    node selector its pods must carry (``pinned``: see :mod:`peering.provider.admission`)."""
+    """A twin namespace, labelled as the tenant's, with Pod Security admission enforced, the
+    node selector its pods must carry (``pinned``) and where its EndpointSlices may point
+    (``endpoint_cidrs``): see :mod:`peering.provider.admission`."""
     labels = owned_labels(consumer_id, **{LABEL_ORIGIN_NAMESPACE: origin})
     for mode in ("enforce", "audit", "warn"):
         labels[f"pod-security.kubernetes.io/{mode}"] = pod_security
         labels[f"pod-security.kubernetes.io/{mode}-version"] = POD_SECURITY_VERSION
     metadata: dict[str, Any] = {"name": name, "labels": labels}
-    if pinned:
-        metadata["annotations"] = pin_annotations(pinned)
+    annotations = pin_annotations(pinned or {})
+    if endpoint_cidrs:
+        annotations[ENDPOINT_CIDRS_ANNOTATION] = ",".join(endpoint_cidrs)
+    if annotations:
+        metadata["annotations"] = annotations
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
 
 

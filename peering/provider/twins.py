@@ -27,7 +27,9 @@ from typing import Any
 
 from kube import api
 from kube.clients import KubeClient
+from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.errors import NotFound, TemporaryError
+from kube.informers import Informer
 from kube.logs import object_logger
 from kube.objects import NAMESPACES, RESOURCEQUOTAS, ObjectKey, RawObject, meta
 from kube.patching import patch_changes
@@ -103,6 +105,18 @@ def pinned_selector(slices: list[RawObject]) -> dict[str, str]:
     return {k: v for k, v in first.items() if all(other.get(k) == v for other in rest)}
 
 
+def endpoint_cidrs(declaration: RawObject | None, peer_network: RawObject | None) -> tuple[str, ...]:
+    """Where a tenant's EndpointSlices may point: this provider's pod CIDRs (twins) and its view of
+    the consumer's pod CIDRs (consumer pods, through the fabric). Empty without a declaration:
+    the provider then does not know its pod CIDRs, and nothing is checked. Pure."""
+    pods = [c.strip() for c in str(((declaration or {}).get("data") or {}).get("podCIDRs", "")).split(",")]
+    pods = [c for c in pods if c]
+    if not pods:
+        return ()
+    remote = ((peer_network or {}).get("status") or {}).get("remappedPodCIDRs") or []
+    return tuple(dict.fromkeys([*pods, *map(str, remote)]))
+
+
 def tenant_grant(slices: list[RawObject]) -> ResourceList:
     """The tenant's total grant: Σ status.granted of its granted slices."""
     return add(
@@ -117,9 +131,29 @@ def tenant_grant(slices: list[RawObject]) -> ResourceList:
 class TwinReconciler:
     """Reconciles the twin namespaces of the tenant whose namespace is the key."""
 
-    def __init__(self, client: KubeClient, *, settings: ProviderSettings) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        settings: ProviderSettings,
+        peer_networks: Informer | None = None,
+        declaration: Informer | None = None,
+    ) -> None:
         self.client = client
         self.settings = settings
+        self.peer_networks = peer_networks
+        self.declaration = declaration
+
+    def _endpoint_cidrs(self, tenant_ns: str, consumer_id: str) -> tuple[str, ...]:
+        declaration = (
+            self.declaration.get(ObjectKey(DECLARATION_NAMESPACE, DECLARATION_NAME))
+            if self.declaration
+            else None
+        )
+        peer_network = (
+            self.peer_networks.get(ObjectKey(tenant_ns, consumer_id)) if self.peer_networks else None
+        )
+        return endpoint_cidrs(declaration, peer_network)
 
     async def reconcile(self, tenant_ns: str) -> Requeue | None:
         if not tenant_ns.startswith(TENANT_NAMESPACE_PREFIX):
@@ -150,10 +184,13 @@ class TwinReconciler:
         pending = False
         slices = (await self.client.list(GPUSLICES, tenant_ns))["items"]
         pinned = pinned_selector(slices)
+        endpoints = self._endpoint_cidrs(tenant_ns, consumer_id)
         for req in requests:
             if meta(req).get("deletionTimestamp"):
                 continue
-            outcome = await self._ensure_namespace(req, consumer_id, spec, existing, len(wanted), log, pinned)
+            outcome = await self._ensure_namespace(
+                req, consumer_id, spec, existing, len(wanted), log, pinned, endpoints
+            )
             if outcome is None:
                 continue
             name, is_ready = outcome
@@ -224,6 +261,7 @@ class TwinReconciler:
         count: int,
         log: logging.LoggerAdapter[logging.Logger],
         pinned: Mapping[str, str],
+        endpoints: tuple[str, ...] = (),
     ) -> tuple[str, bool] | None:
         rspec = req.get("spec") or {}
         origin = rspec.get("originNamespace")
@@ -309,7 +347,7 @@ class TwinReconciler:
                 meta(req)["namespace"],
             )
         pod_security = str(spec.get("podSecurity") or "baseline")
-        body = twin_namespace(name, consumer_id, origin, pod_security, pinned)
+        body = twin_namespace(name, consumer_id, origin, pod_security, pinned, endpoints)
         created = await apply(self.client, NAMESPACES, body, self.settings.field_manager)
         if ns is None:
             log.info("created twin namespace %s for %s (pod security %s)", name, origin, pod_security)

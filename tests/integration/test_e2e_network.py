@@ -25,12 +25,13 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import GATEWAY_IP, local_network
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import CONFIGMAPS, NODES, PEERNETWORKS, SECRETS, TENANTS
+from kube.objects import CONFIGMAPS, NAMESPACES, NODES, PEERNETWORKS, SECRETS, TENANTS
 from netfabric.objects import rotate_private_key
 from netfabric.wireguard import wireguard_go_pids
 from peering.localagents import all_agents, find_agent
 
 from .clirunner import Cli, cache_of
+from .conftest import NamespaceFactory
 from .localnet import Pod, fabric_leftovers, pod_on
 from .test_e2e_story import H100
 from .waiting import condition, wait_for
@@ -75,6 +76,7 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
     provider: LocalCluster,
     consumer_client: KubeClient,
     provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
 ) -> None:
     # the consumer's underlay encapsulates already: it declares a smaller tunnel MTU
     declared = await consumer_client.get(CONFIGMAPS, "gpuferry-network", "kube-system")
@@ -149,6 +151,13 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
         back = answers(there, REMOTE_POD, f"consumer-pod {GATEWAY_IP}")
         await eventually("traffic after the key rotation", back)
 
+    # a twin namespace's EndpointSlices may point at the provider's pods and, through the fabric,
+    # the consumer's (its remapped 10.64.0.0/16), nowhere else (CVE-2021-25740)
+    ns = await make_namespace(consumer_client)
+    await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    twin = await wait_for(provider_client, NAMESPACES, f"{ns}-ml-eu", lambda n: True)
+    assert twin["metadata"]["annotations"]["gpuferry.io/endpoint-cidrs"] == "10.244.0.0/16,10.64.0.0/16"
+
     # issue 16 §4: the provider routes the CIDRs it accepted when the consumer peered (the consumer
     # may not change them, tests/integration/test_hostile_consumer.py); and were its operator to
     # approve a range over its own gateway's (172.16.0.0/12 holds the WAN), the gateway refuses it
@@ -156,7 +165,8 @@ async def test_peer_brings_the_fabric_up_it_recovers_and_unpeer_removes_it(
     tenant = await provider_client.get(TENANTS, "ml-eu", tns)
     accepted = tenant["status"]["acceptedNetwork"]
     assert accepted == {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}, accepted
-    over_the_wan = {"status": {"acceptedNetwork": {"podCIDRs": ["172.16.0.0/12"], "serviceCIDRs": ["10.96.0.0/16"]}}}
+    wan = {"podCIDRs": ["172.16.0.0/12"], "serviceCIDRs": ["10.96.0.0/16"]}
+    over_the_wan = {"status": {"acceptedNetwork": wan}}
     await provider_client.patch(TENANTS, "ml-eu", over_the_wan, tns, subresource="status")
 
     def refused(obj: dict[str, Any]) -> bool:

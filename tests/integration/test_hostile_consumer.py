@@ -23,6 +23,7 @@ from kube.errors import Forbidden, KubeError
 from kube.objects import (
     CLUSTERROLEBINDINGS,
     CSRS,
+    ENDPOINTSLICES,
     LIMITRANGES,
     NAMESPACES,
     NODES,
@@ -87,6 +88,23 @@ def service(name: str, **spec: Any) -> RawObject:
         "kind": "Service",
         "metadata": {"name": name},
         "spec": {"ports": [{"port": 80}], **spec},
+    }
+
+
+ENDPOINTS_REFUSAL = (
+    "a tenant's EndpointSlice may point at pods only (IPv4 addresses in 10.244.0.0/16): anything else "
+    "would send its Service's traffic outside the tenant (CVE-2021-25740)"
+)
+
+
+def endpoint_slice(name: str, address: str) -> RawObject:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {"kubernetes.io/service-name": "plain"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address]}],
+        "ports": [{"port": 443}],
     }
 
 
@@ -422,6 +440,17 @@ def attempts(twin: str, l4_node: str) -> list[Attempt]:
             "a tenant's Service may not have externalIPs (CVE-2020-8554: they intercept traffic to "
             "those addresses for the whole provider cluster)",
         ),
+        # -- an EndpointSlice may point at pods only (CVE-2021-25740) ------------------------------
+        Attempt(
+            "an EndpointSlice to the API server",
+            lambda me: me.create(ENDPOINTSLICES, endpoint_slice("to-apiserver", "10.96.0.1"), twin),
+            POLICY.format("gpuferry-twin-endpoints") + ENDPOINTS_REFUSAL,
+        ),
+        Attempt(
+            "an EndpointSlice to a node",
+            lambda me: me.create(ENDPOINTSLICES, endpoint_slice("to-node", "172.31.0.12"), twin),
+            POLICY.format("gpuferry-twin-endpoints") + ENDPOINTS_REFUSAL,
+        ),
         # -- §4: its network (the provider accepted 10.244.0.0/16 and 10.96.0.0/16) --------------------
         Attempt(
             "rewriting its CIDRs",
@@ -527,6 +556,7 @@ async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
             # Services, a smaller slice within the limit, a key rotation, a stricter Pod Security
             await me.create(PODS, pod("fine"), twin)
             created = await me.create(SERVICES, service("plain"), twin)
+            await me.create(ENDPOINTSLICES, endpoint_slice("to-a-pod", "10.244.7.9"), twin)
             created["spec"]["externalIPs"] = ["172.31.0.2"]  # and not afterwards either
             with pytest.raises(Forbidden, match="externalIPs"):
                 await me.replace(SERVICES, "plain", created, twin)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from peering.provider.admission import (
+    ENDPOINTS_POLICY,
     PODS_POLICY,
     POLICY_NAMES,
     SERVICES_POLICY,
@@ -14,7 +15,7 @@ from peering.provider.admission import (
     twin_admission_objects,
 )
 from peering.provider.builders import twin_namespace
-from peering.provider.twins import pinned_selector
+from peering.provider.twins import endpoint_cidrs, pinned_selector
 
 
 def test_the_pin_is_the_selector_every_grant_in_force_was_decided_for() -> None:
@@ -36,17 +37,17 @@ def test_the_pin_is_the_selector_every_grant_in_force_was_decided_for() -> None:
 def test_policies_come_before_their_bindings_and_bind_what_they_guard() -> None:
     objects = twin_admission_objects()
     kinds = [body["kind"] for _, body in objects]
-    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 4
+    assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 5
     names = [body["metadata"]["name"] for _, body in objects]
     assert names[::2] == names[1::2] == list(POLICY_NAMES)
     twin_only = {"matchExpressions": [{"key": "gpuferry.io/origin-namespace", "operator": "Exists"}]}
     for _, body in objects[1::2]:
         assert body["spec"]["validationActions"] == ["Deny"]
-        guards_twins = body["metadata"]["name"] in (PODS_POLICY, SERVICES_POLICY)
+        guards_twins = body["metadata"]["name"] in (PODS_POLICY, SERVICES_POLICY, ENDPOINTS_POLICY)
         assert body["spec"].get("matchResources", {}).get("namespaceSelector") == (
             twin_only if guards_twins else None), body  # fmt: skip
     # what the consumer writes itself is checked for consumers only: the provider's operators approve
-    for _, body in objects[4::2]:
+    for _, body in objects[6::2]:
         (condition,) = body["spec"]["matchConditions"]
         assert "'gpuferry:consumers' in request.userInfo.groups" in condition["expression"]
         assert ":gpuferry-peering'" in condition["expression"]
@@ -56,3 +57,13 @@ def test_the_chart_lets_the_provider_controller_keep_every_policy_and_no_other()
     template = (Path(__file__).parents[3] / "charts/gpuferry/templates/provider.yaml").read_text()
     (names,) = re.findall(r'resourceNames: \[("gpuferry-twin-pods"[^\]]*)\]', template)
     assert sorted(re.findall(r'"([^"]+)"', names)) == sorted(POLICY_NAMES)
+
+
+def test_endpoint_slices_may_point_at_the_provider_pods_and_the_consumers_through_the_fabric() -> None:
+    declaration = {"data": {"podCIDRs": "10.244.0.0/16, 10.245.0.0/16", "serviceCIDRs": "10.96.0.0/16"}}
+    network = {"status": {"remappedPodCIDRs": ["10.64.0.0/16"]}}
+    assert endpoint_cidrs(declaration, network) == ("10.244.0.0/16", "10.245.0.0/16", "10.64.0.0/16")
+    assert endpoint_cidrs(declaration, None) == ("10.244.0.0/16", "10.245.0.0/16")  # no fabric
+    assert endpoint_cidrs(None, network) == ()  # no declaration: the pod CIDRs are not known
+    ns = twin_namespace("ml-c", "c", "ml", "baseline", None, ("10.244.0.0/16", "10.64.0.0/16"))
+    assert ns["metadata"]["annotations"] == {"gpuferry.io/endpoint-cidrs": "10.244.0.0/16,10.64.0.0/16"}
