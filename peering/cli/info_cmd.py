@@ -30,6 +30,7 @@ from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
 from ..virtualnodes import VIRTUALNODES
 from .common import UserError, emit
 from .network_cmds import network_rows, render_rows
+from .tenant_cmds import policy_of
 
 __all__ = ["add_parser", "collect"]
 
@@ -154,11 +155,9 @@ async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
         consumer_id = spec.get("consumerClusterID")
         ns = tenant["metadata"]["namespace"]
         slices = (await client.list(GPUSLICES, ns))["items"]
-        twins = [
-            n["metadata"]["name"]
-            for n in (await client.list(NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id}"))["items"]
-            if n["metadata"]["name"] != ns
-        ]
+        namespaces = (await client.list(NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id}"))["items"]
+        twins = [n["metadata"]["name"] for n in namespaces if n["metadata"]["name"] != ns]
+        own = next((n for n in namespaces if n["metadata"]["name"] == ns), {"metadata": {"name": ns}})
         used = Decimal(0)
         for twin in twins:
             used += _gpus((await client.list(PODS, twin))["items"])
@@ -187,6 +186,11 @@ async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
                 ],
                 "twinNamespaces": sorted(twins),
                 "gpus": {"granted": _n(granted), "used": _n(used)},
+                "policy": {
+                    k: v
+                    for k, v in policy_of(tenant, own).items()
+                    if k not in ("consumer", "tenantNamespace")
+                },
             }
         )
     return consumers

@@ -23,7 +23,7 @@ from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
-from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds
+from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds, tenant_cmds
 from .common import UserError
 
 EXIT_USER_ERROR = 1
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     offload_cmds.add_parsers(sub, common)
     info_cmd.add_parser(sub, common)
     network_cmds.add_parser(sub, common)
+    tenant_cmds.add_parser(sub, common)
     agents_cmd.add_parser(sub)
     return parser
 

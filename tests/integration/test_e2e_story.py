@@ -679,8 +679,7 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
     l4 = "nvidia.com/gpu.product=NVIDIA-L4"
     code, _, err = await cli(*peer, "--gpus", "1", "--selector", l4)
     assert code == 3 and "NotTheConsumers" in err, err
-    await provider_client.patch(NAMESPACES, "gpuferry-tenant-ml-eu", {"metadata": {"annotations": {
-        "sharing.gpuferry.io/approved-node-selector": l4}}})  # fmt: skip
+    await cli.ok("tenant", "approve", "ml-eu", "--kubeconfig", cli.p, "--selector", l4)
     await wait_for(consumer_client, NODES, "gpuferry-gpu-farm",
                    lambda n: n["metadata"]["labels"].get("nvidia.com/gpu.product") == "NVIDIA-L4",
                    timeout=30)  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -519,19 +520,14 @@ async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
     )[0]
     secret = await consumer_client.get(SECRETS, "gpuferry-identity-gpu-farm", "gpuferry-system")
     kubeconfig = base64.b64decode(secret["data"]["kubeconfig"])
-    # what the provider set: the CIDRs it accepted (as if peered with the fabric), and a limit
-    await provider_client.patch(
-        TENANTS,
-        "ml-eu",
-        {"status": {"acceptedNetwork": {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}}},
-        TENANT_NS,
-        subresource="status",
-    )
-    await provider_client.patch(
-        NAMESPACES,
-        TENANT_NS,
-        {"metadata": {"annotations": {"sharing.gpuferry.io/max-resources": "nvidia.com/gpu=4"}}},
-    )
+    # what the provider's operator set: the CIDRs it accepted (as if peered with the fabric), a limit
+    tenant = ["tenant", "--kubeconfig", cli.p, "-o", "json"]
+    accepted = json.loads(await cli.ok(*tenant[:1], "accept-network", "ml-eu", *tenant[1:], "--pod-cidrs",
+                                       "10.244.0.0/16", "--service-cidrs", "10.96.0.0/16"))  # fmt: skip
+    assert accepted["acceptedNetwork"] == {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}
+    limit = ["--max", "nvidia.com/gpu=4"]
+    limited = json.loads(await cli.ok(*tenant[:1], "limit", "ml-eu", *tenant[1:], *limit))
+    assert limited["maxResources"] == "nvidia.com/gpu=4" and limited["approvedNodeSelector"] is None
     await provider_client.create(
         NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OTHER_TENANT_NS}}
     )
@@ -578,17 +574,9 @@ async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
             )
             await me.patch(TENANTS, "ml-eu", {"spec": {"podSecurity": "restricted"}}, TENANT_NS)
             # the provider's operator approves L4: now the consumer may move its slice there
-            await provider_client.patch(
-                NAMESPACES,
-                TENANT_NS,
-                {
-                    "metadata": {
-                        "annotations": {
-                            "sharing.gpuferry.io/approved-node-selector": "nvidia.com/gpu.product=NVIDIA-L4"
-                        }
-                    }
-                },
-            )
+            approved = json.loads(await cli.ok(*tenant[:1], "approve", "ml-eu", *tenant[1:],
+                                               "--selector", "nvidia.com/gpu.product=NVIDIA-L4"))  # fmt: skip
+            assert approved["approvedNodeSelector"] == "nvidia.com/gpu.product=NVIDIA-L4", approved
             await me.patch(GPUSLICES, "ml-eu", {"spec": {"nodeSelector": L4_SELECTOR}}, TENANT_NS)
     finally:
         await provider_client.delete(NAMESPACES, OTHER_TENANT_NS)
