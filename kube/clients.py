@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl as ssl_module
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -69,6 +70,7 @@ class KubeClient:
         self.settings = settings or ClientSettings()
         self.limiter = TokenBucket(self.settings.qps, self.settings.burst)
         self._session: aiohttp.ClientSession | None = None
+        self._streams: aiohttp.ClientSession | None = None
 
     @classmethod
     def from_kubeconfig(
@@ -133,15 +135,19 @@ class KubeClient:
             return
         await self.connection.prepare()
         ssl_ctx = self.connection.ssl_context()
-        connector = aiohttp.TCPConnector(
-            ssl=ssl_ctx if ssl_ctx is not None else True, limit=self.settings.max_connections
-        )
+        ssl: ssl_module.SSLContext | bool = ssl_ctx if ssl_ctx is not None else True
+        headers = {"User-Agent": self.settings.user_agent, "Accept": "application/json"}
         self._session = aiohttp.ClientSession(
-            connector=connector,
-            headers={"User-Agent": self.settings.user_agent, "Accept": "application/json"},
+            connector=aiohttp.TCPConnector(ssl=ssl, limit=self.settings.max_connections),
+            headers=headers,
             timeout=aiohttp.ClientTimeout(
                 total=self.settings.request_timeout, connect=self.settings.connect_timeout
             ),
+        )
+        # streams (watches, logs) hold their connection while they run: a pool of their own, so
+        # that a hundred watches never leave a GET waiting for a connection
+        self._streams = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=ssl, limit=0), headers=headers
         )
 
     async def close(self) -> None:
@@ -149,6 +155,16 @@ class KubeClient:
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+        if self._streams is not None:
+            streams, self._streams = self._streams, None
+            await streams.close()
+
+    @property
+    def stream_session(self) -> aiohttp.ClientSession:
+        """The session for long-lived connections (watches, logs, exec), with no connection limit."""
+        if self._streams is None:
+            raise RuntimeError("KubeClient is not open: use `async with client:`")
+        return self._streams
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -256,7 +272,7 @@ class KubeClient:
         verb = _verb(method, params, streaming=True)
         _REQUESTS.labels(verb).inc()
         try:
-            async with self.session.request(
+            async with self.stream_session.request(
                 method,
                 self.base_url + path,
                 params=_query(params),

@@ -101,7 +101,10 @@ class ClientSettings(_FromEnv):
     watch_timeout_seconds: int = 290
     """``timeoutSeconds`` asked of the server for a watch; it then ends the watch cleanly."""
     max_connections: int = 100
-    """Connections kept to the API server; every open watch holds one."""
+    """Connections to the API server for ordinary (non-streaming) requests. Watches and log
+    streams have connections of their own, without a limit: each holds one for as long as it
+    runs, and a virtual kubelet watches several kinds in every namespace it has pods in, which
+    would otherwise leave no connection for anything else."""
     user_agent: str = "gpuferry"
     """``User-Agent`` header, shown in API server audit logs and APF flow schemas."""
     throttle_retries: int = 3

@@ -12,7 +12,7 @@ import pytest
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.objects import CONFIGMAPS, EVENTS, RawObject, Resource
-from kube.settings import WatchSettings
+from kube.settings import ClientSettings, WatchSettings
 from kube.watching import Listed, watch_objects
 
 from .conftest import NamespaceFactory
@@ -133,3 +133,33 @@ async def test_watch_relists_after_etcd_compaction(
     # and goes on watching from the new list
     await consumer_client.create(EVENTS, _event("second", ns), namespace=ns)
     await _until(mirror, lambda: "second" in mirror.names)
+
+
+
+async def test_open_watches_never_leave_a_request_without_a_connection(
+    consumer: LocalCluster, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    """Issue 15: a virtual kubelet holds a few watches in every namespace it has pods in; in the
+    same pool as ordinary requests, about 25 namespaces took every connection, and a plain GET
+    waited for a watch to end (minutes). Here: a pool of 4 and three times as many watches."""
+    namespaces = [await make_namespace(consumer_client) for _ in range(12)]
+    settings = ClientSettings(max_connections=4)
+    async with KubeClient.from_kubeconfig(consumer.spec.kubeconfig, settings=settings) as client:
+        mirrors = [Mirror() for _ in namespaces]
+        watches = [
+            asyncio.create_task(_follow(client, CONFIGMAPS, ns, mirror, WatchSettings()))
+            for ns, mirror in zip(namespaces, mirrors, strict=True)
+        ]
+        try:
+            for mirror in mirrors:  # with one pool, the watches took it all and the rest never listed
+                await _until(mirror, lambda m=mirror: m.listed > 0)
+            await asyncio.sleep(1)  # every watch is open now, each on its connection
+            body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "while-watched"}}
+            async with asyncio.timeout(10):  # at once, not after a watch ends
+                await client.create(CONFIGMAPS, body, namespaces[-1])
+                await client.get(CONFIGMAPS, "while-watched", namespaces[-1])
+            await _until(mirrors[-1], lambda: "while-watched" in mirrors[-1].names, timeout=10)
+        finally:
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)

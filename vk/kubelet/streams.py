@@ -115,7 +115,7 @@ async def relay(
     if auth:
         headers["Authorization"] = auth
     try:
-        upstream = await provider.session.ws_connect(
+        upstream = await provider.stream_session.ws_connect(
             provider.base_url + path,
             params=query,
             protocols=offered,
