@@ -43,6 +43,7 @@ from .reflection.accessories import AccessoryReflector
 from .reflection.addresses import PeerNetworkFollower
 from .reflection.events import EventReflector
 from .reflection.informers import consumer_pods
+from .reflection.namespaced import NamespacePods
 from .reflection.pods import PodReflector
 from .reflection.podstatus import PodStatusReflector, refresh_phase_gauge
 from .reflection.services import ServiceReflector
@@ -87,11 +88,19 @@ def build_virtual_kubelet(
                         prerequisites=prerequisites)  # fmt: skip
     events = add_events(manager, settings, **sides, local=local, remote=remote)
 
+    occupied = NamespacePods()
+
     def local_pod_changed(change: Change) -> None:
         pods.add(change.key)
         for copier in copiers:
             copier.pod_changed(change.key)
         events.pod_changed(change.key)
+        if occupied.update(change.key, local.get(change.key) is not None):
+            # the node's last pod in this namespace went: its watches go too (issue 15)
+            namespace = change.key.namespace or ""
+            for reflector in (*copiers, events):
+                if not isinstance(reflector, TokenReflector):
+                    reflector.release(namespace)
 
     local.add_handler(local_pod_changed)
     services = [c for c in copiers if isinstance(c, ServiceReflector)]

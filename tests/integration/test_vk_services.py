@@ -5,18 +5,19 @@ address in the provider's view (only with the network fabric's PeerNetwork)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists
-from kube.objects import ENDPOINTSLICES, NAMESPACES, PEERNETWORKS, PODS, SERVICES, RawObject
+from kube.objects import CONFIGMAPS, ENDPOINTSLICES, NAMESPACES, PEERNETWORKS, PODS, SERVICES, RawObject
 from netfabric.keys import generate_private_key, public_key
 from peering.crds import ensure_crds
 from vk.forge.services import slice_name
 
 from .conftest import NamespaceFactory
-from .test_vk_pods import VirtualKubelet, pod, running, vk  # noqa: F401  (vk: the fixture)
+from .test_vk_pods import VirtualKubelet, pod, running, scrape, vk  # noqa: F401  (vk: the fixture)
 from .waiting import wait_for, wait_for_deletion
 
 
@@ -117,3 +118,61 @@ async def test_services_are_reflected_with_the_endpoints_the_provider_reaches(
     # the last pod on the node in the namespace goes: nothing there resolves "db" any more
     await consumer_client.delete(PODS, "serve-0", ns, grace_period_seconds=0)
     await wait_for_deletion(provider_client, SERVICES, "db", twin_ns, timeout=60)
+
+
+async def test_a_namespace_without_pods_on_the_node_is_watched_no_more(
+    vk: VirtualKubelet,  # noqa: F811
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """Issue 15, many namespaces: the per-namespace watches (ConfigMaps, Secrets, Services and
+    their EndpointSlices on the consumer, Events on the provider) were started and never stopped.
+    They stop when the node's last pod in the namespace goes, and start again with the next."""
+    watches = ("watch-consumer-configmaps", "watch-consumer-secrets", "watch-consumer-services",
+               "watch-provider-events")  # fmt: skip
+
+    async def held() -> dict[str, float]:
+        samples = await scrape(vk.settings.metrics_port)
+        return {w: samples[("gpuferry_vk_namespace_watches", frozenset({("reflector", w)}))] for w in watches}
+
+    async def until_held(count: int) -> None:
+        for _ in range(100):
+            if set((await held()).values()) == {count}:
+                return
+            await asyncio.sleep(0.2)
+        raise AssertionError(f"not {count} watches each: {await held()}")
+
+    namespaces = [await make_namespace(consumer_client) for _ in range(3)]
+    for ns in namespaces:
+        hyper = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hyper"}, "data": {"lr": "1"}}
+        await consumer_client.create(CONFIGMAPS, hyper, ns)
+        await consumer_client.create(SERVICES, service("llm", {"app": "serve"}, 80), ns)
+        body = pod("train", 1)
+        body["spec"]["volumes"] = [{"name": "hyper", "configMap": {"name": "hyper"}}]
+        body["spec"]["containers"][0]["volumeMounts"] = [{"name": "hyper", "mountPath": "/etc/hyper"}]
+        await consumer_client.create(PODS, body, ns)
+    for ns in namespaces:
+        await wait_for(consumer_client, PODS, "train", running, namespace=ns, timeout=60)
+        await wait_for(provider_client, CONFIGMAPS, "hyper", lambda c: True, namespace=vk.twin_ns(ns))
+    await until_held(3)
+
+    # the pods go: the watches go, and what was copied for them
+    for ns in namespaces:
+        await consumer_client.delete(PODS, "train", ns, grace_period_seconds=0)
+    for ns in namespaces:
+        await wait_for_deletion(provider_client, CONFIGMAPS, "hyper", vk.twin_ns(ns), timeout=30)
+        await wait_for_deletion(provider_client, SERVICES, "llm", vk.twin_ns(ns), timeout=30)
+    await until_held(0)
+
+    # a pod comes back to one of them: watched again, and a change of its ConfigMap reaches the copy
+    ns = namespaces[0]
+    body = pod("again", 1)
+    body["spec"]["volumes"] = [{"name": "hyper", "configMap": {"name": "hyper"}}]
+    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "hyper", "mountPath": "/etc/hyper"}]
+    await consumer_client.create(PODS, body, ns)
+    await wait_for(consumer_client, PODS, "again", running, namespace=ns, timeout=60)
+    await until_held(1)
+    await consumer_client.patch(CONFIGMAPS, "hyper", {"data": {"lr": "2"}}, ns)
+    await wait_for(provider_client, CONFIGMAPS, "hyper", lambda c: c.get("data") == {"lr": "2"},
+                   namespace=vk.twin_ns(ns), timeout=30)  # fmt: skip

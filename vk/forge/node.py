@@ -75,19 +75,23 @@ MANAGED_LABELS_ANNOTATION = f"{PREFIX}managed-labels"
 
 VIRTUAL_NODE_TAINT: dict[str, str] = {"key": VIRTUAL_NODE_TAINT_KEY, "value": "true", "effect": "NoExecute"}
 PROVIDER_UNREACHABLE_TAINT: dict[str, str] = {
-    "key": api.PROVIDER_UNREACHABLE_TAINT_KEY, "value": "true", "effect": "NoSchedule"
+    "key": api.PROVIDER_UNREACHABLE_TAINT_KEY,
+    "value": "true",
+    "effect": "NoSchedule",
 }
 
 KUBELET_VERSION = "v1.36.4-gpuferry"
 """Default ``nodeInfo.kubeletVersion``; the controller uses the consumer's version instead."""
 CONTAINER_RUNTIME_VERSION = "gpuferry://0.1.0"
 
-_GFD_KEYS = frozenset({
-    "nvidia.com/gpu.product",
-    "nvidia.com/gpu.memory",
-    "nvidia.com/gpu.family",
-    "nvidia.com/mig.capable",
-})
+_GFD_KEYS = frozenset(
+    {
+        "nvidia.com/gpu.product",
+        "nvidia.com/gpu.memory",
+        "nvidia.com/gpu.family",
+        "nvidia.com/mig.capable",
+    }
+)
 _GFD_PREFIXES = ("nvidia.com/gpu.compute.", "nvidia.com/cuda.")
 _UUID_NAMESPACE = uuid.UUID("5f0c7a52-2b8e-4c63-9d0e-0b6f4f0e9a11")
 
@@ -120,8 +124,12 @@ def network_condition(peer_network: Mapping[str, Any] | None) -> Condition:
     """The custom ``NetworkReady``: the tunnel to the provider as its gateway reports it in the
     PeerNetwork's own NetworkReady (None: no fabric for this provider, so nothing to wait for)."""
     if peer_network is None:
-        return Condition(NETWORK_READY, "True", "NoNetworkFabric",
-                         "no network fabric for this provider (peered without one): nothing to wait for")
+        return Condition(
+            NETWORK_READY,
+            "True",
+            "NoNetworkFabric",
+            "no network fabric for this provider (peered without one): nothing to wait for",
+        )
     for c in (peer_network.get("status") or {}).get("conditions") or []:
         if c.get("type") == NETWORK_READY:
             status = str(c.get("status"))
@@ -140,8 +148,12 @@ def node_conditions(
     ``None``: not probed yet. The pressure conditions are always False.
     """
     if provider_reachable:
-        ready = Condition("Ready", "True", "ProviderReachable",
-                          "virtual kubelet is posting ready status; the provider API server is reachable")
+        ready = Condition(
+            "Ready",
+            "True",
+            "ProviderReachable",
+            "virtual kubelet is posting ready status; the provider API server is reachable",
+        )
         reach = Condition(PROVIDER_REACHABLE, "True", "ProbeSucceeded", "provider /readyz answered ok")
     elif provider_reachable is None:
         ready = Condition("Ready", "False", "ProviderNotProbed", "the provider API server was not probed yet")
@@ -151,10 +163,14 @@ def node_conditions(
         # workloads, and Ready=False would let the consumer's taint manager evict every pod here
         # after 300 s. New pods are kept off by PROVIDER_UNREACHABLE_TAINT instead.
         detail = provider_error or "no answer"
-        ready = Condition("Ready", "True", "ProviderUnreachable",
-                          f"the provider API server is unreachable ({detail}); the pods here keep "
-                          f"running, and new ones are not scheduled here until it answers "
-                          f"(taint {api.PROVIDER_UNREACHABLE_TAINT_KEY}:NoSchedule)")
+        ready = Condition(
+            "Ready",
+            "True",
+            "ProviderUnreachable",
+            f"the provider API server is unreachable ({detail}); the pods here keep "
+            f"running, and new ones are not scheduled here until it answers "
+            f"(taint {api.PROVIDER_UNREACHABLE_TAINT_KEY}:NoSchedule)",
+        )
         reach = Condition(PROVIDER_REACHABLE, "False", "ProbeFailed", f"provider /readyz failed: {detail}")
     steady = [Condition(t, "False", reason, message) for t, reason, message in _STEADY]
     return [ready, *steady, reach, *([network] if network is not None else [])]
@@ -254,21 +270,24 @@ def kubelet_version(server_version: str | None) -> str:
     return f"v{core.lstrip('v')}-gpuferry"
 
 
-def _timestamped(conditions: Sequence[Condition], previous: Sequence[Mapping[str, Any]],
-                 now: str) -> list[dict[str, str]]:
+def _timestamped(
+    conditions: Sequence[Condition], previous: Sequence[Mapping[str, Any]], now: str
+) -> list[dict[str, str]]:
     before = {c.get("type"): c for c in previous}
     out = []
     for cond in conditions:
         old = before.get(cond.type)
         transition = old.get("lastTransitionTime") if old and old.get("status") == cond.status else None
-        out.append({
-            "type": cond.type,
-            "status": cond.status,
-            "reason": cond.reason,
-            "message": cond.message,
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": transition or now,
-        })
+        out.append(
+            {
+                "type": cond.type,
+                "status": cond.status,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": transition or now,
+            }
+        )
     return out
 
 
@@ -315,8 +334,12 @@ def virtual_node(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
-        "spec": {"taints": [dict(VIRTUAL_NODE_TAINT),
-                            *([dict(PROVIDER_UNREACHABLE_TAINT)] if provider_unreachable else [])]},
+        "spec": {
+            "taints": [
+                dict(VIRTUAL_NODE_TAINT),
+                *([dict(PROVIDER_UNREACHABLE_TAINT)] if provider_unreachable else []),
+            ]
+        },
         "status": {
             "capacity": dict(granted),
             "allocatable": dict(granted),
@@ -424,4 +447,3 @@ def node_status_patch(
     if info:
         patch["nodeInfo"] = info
     return {"status": patch} if patch else None
-

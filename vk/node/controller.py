@@ -261,8 +261,9 @@ class NodeController:
         """The Node as it must be now, given the current one (``None``: not registered)."""
         settings = self.settings
         if self.view.nodes_synced.is_set():
-            labels = provider_gpu_labels(self.view.nodes.values(), settings.provider_node_selector,
-                                         settings.resources)
+            labels = provider_gpu_labels(
+                self.view.nodes.values(), settings.provider_node_selector, settings.resources
+            )
         else:  # not listed yet: keep what an earlier run found rather than flap
             old = ((current or {}).get("metadata") or {}).get("labels") or {}
             labels = {k: v for k, v in old.items() if is_gfd_label(k) or k == GPU_COUNT_LABEL}
@@ -328,8 +329,9 @@ class NodeController:
             status_patch = status_patch or {"status": {}}
             status_patch["status"]["declaredFeatures"] = want_features
         if status_patch is not None:
-            current = await self.consumer.patch(NODES, self.node_name, status_patch, patch_type="strategic",
-                                                subresource="status")
+            current = await self.consumer.patch(
+                NODES, self.node_name, status_patch, patch_type="strategic", subresource="status"
+            )
             self._last_heartbeat = time.monotonic()
         self.node = current
         self.registered.set()

@@ -33,8 +33,9 @@ def _owner(node_name: str, node_uid: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
 
 
-def lease_body(node_name: str, node_uid: str, *, renew_time: str,
-               duration: int = LEASE_DURATION_SECONDS) -> RawObject:
+def lease_body(
+    node_name: str, node_uid: str, *, renew_time: str, duration: int = LEASE_DURATION_SECONDS
+) -> RawObject:
     """The Lease of ``node_name``, held by the node itself and owned by its Node object."""
     return {
         "apiVersion": "coordination.k8s.io/v1",
@@ -52,8 +53,9 @@ def lease_body(node_name: str, node_uid: str, *, renew_time: str,
     }
 
 
-async def renew_lease(client: KubeClient, node_name: str, node_uid: str, *,
-                      duration: int = LEASE_DURATION_SECONDS) -> RawObject:
+async def renew_lease(
+    client: KubeClient, node_name: str, node_uid: str, *, duration: int = LEASE_DURATION_SECONDS
+) -> RawObject:
     """Move ``renewTime`` to now (creating the Lease when it is missing); returns the Lease.
 
     The owner reference is rewritten each time, so a Node recreated under the same name (new

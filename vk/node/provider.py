@@ -254,12 +254,21 @@ class ProviderView:
             return
         self.handle_pod(item)
 
-    async def _watch(self, resource: Resource, handle: Callable[[WatchEvent | Listed], None],
-                     field_selector: str | None = None) -> None:
+    async def _watch(
+        self,
+        resource: Resource,
+        handle: Callable[[WatchEvent | Listed], None],
+        field_selector: str | None = None,
+    ) -> None:
         """Watch forever; a permanent error (403 on a scoped identity, say) is logged and the
         watch retried with backoff, never raised."""
-        async for item in watch_objects(self.provider, resource, field_selector=field_selector,
-                                        settings=self.settings, retry_permanent=True):
+        async for item in watch_objects(
+            self.provider,
+            resource,
+            field_selector=field_selector,
+            settings=self.settings,
+            retry_permanent=True,
+        ):
             handle(item)
 
     async def watch_nodes(self) -> None:

@@ -101,6 +101,12 @@ class AccessoryReflector:
         self._sources[namespace] = informer
         self._watches.start(namespace, informer.run)
 
+    def release(self, namespace: str) -> None:
+        """No pod of the node is left in ``namespace``: stop watching it (its copies were queued
+        by the pods' last changes, and are found by a GET from now on)."""
+        self._watches.cancel(namespace)
+        self._sources.pop(namespace, None)
+
     async def run(self) -> None:
         """Hold the per-namespace informers until cancelled."""
         await self._watches.run()

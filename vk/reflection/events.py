@@ -91,7 +91,7 @@ class EventReflector:
         self.settings = settings or WatchSettings()
         self._origin: dict[str, str] = {}  # twin namespace -> consumer namespace
         self._watches = NamespaceTasks("watch-provider-events")
-        self._written: dict[str, int] = {}  # provider event uid -> count written
+        self._written: dict[str, dict[str, int]] = {}  # twin namespace -> provider event uid -> count
 
     def pod_changed(self, key: ObjectKey) -> None:
         namespace = key.namespace or ""
@@ -100,6 +100,14 @@ class EventReflector:
             return
         self._origin[twin] = namespace
         self._watches.start(twin, lambda: self._watch(twin))
+
+    def release(self, namespace: str) -> None:
+        """No pod of the node is left in the consumer ``namespace``: stop watching its twin
+        namespace's Events, and forget what was written from there."""
+        for twin in [t for t, origin in self._origin.items() if origin == namespace]:
+            self._watches.cancel(twin)
+            del self._origin[twin]
+            self._written.pop(twin, None)
 
     async def run(self) -> None:
         """Hold the per-namespace watches until cancelled."""
@@ -114,7 +122,10 @@ class EventReflector:
             settings=self.settings,
             retry_permanent=True,
         ):
-            if isinstance(item, Listed) or item.type == "DELETED":
+            if isinstance(item, Listed):
+                continue
+            if item.type == "DELETED":  # expired on the provider: it comes no more
+                self._written.get(twin_ns, {}).pop((item.object.get("metadata") or {}).get("uid", ""), None)
                 continue
             await self._reflect(twin_ns, item.object)
 
@@ -126,7 +137,8 @@ class EventReflector:
             return  # not (or no longer) one of ours
         uid = (event.get("metadata") or {}).get("uid", "")
         count = int(event.get("count") or 1)
-        if self._written.get(uid, 0) >= count:
+        written = self._written.setdefault(twin_ns, {})
+        if written.get(uid, 0) >= count:
             return
         body = consumer_event(event, pod, self.node)
         name, namespace = body["metadata"]["name"], body["metadata"]["namespace"]
@@ -145,4 +157,4 @@ class EventReflector:
                 "provider event %s not reflected on %s/%s: %s", uid, namespace, pod["metadata"]["name"], exc
             )
             return
-        self._written[uid] = count
+        written[uid] = count

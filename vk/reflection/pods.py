@@ -96,7 +96,7 @@ class PodReflector:
         self.fitter = fit
         self.accessories = list(accessories)
         """ConfigMaps, Secrets and tokens the twin needs are written before it is created."""
-        self._events_sent: set[tuple[str, str]] = set()
+        self._events_sent: dict[ObjectKey, tuple[str, set[str]]] = {}  # pod -> (uid, reasons sent)
         self._gated: set[ObjectKey] = set()
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
         self._block_waiting: dict[ObjectKey, ResourceList] = {}
@@ -114,6 +114,7 @@ class PodReflector:
         if gone and (self._quota_waiting.pop(key, None), self._block_waiting.pop(key, None)) != (None, None):
             await self._report_demand(key.namespace or "")
         if local is None:
+            self._events_sent.pop(key, None)
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
             return None
@@ -284,10 +285,11 @@ class PodReflector:
                 for kind in ("Ready", "ContainersReady")
             ],
         }
+        # the Event first: whoever sees the pod Failed finds why in its events too
+        await self._event(local, "Warning", reason, message)
         await self.consumer.patch(
             PODS, meta["name"], {"status": status}, meta["namespace"], subresource="status"
         )
-        await self._event(local, "Warning", reason, message)
         log.warning("%s", message)
 
     # ---- updates -------------------------------------------------------------------------------
@@ -301,7 +303,9 @@ class PodReflector:
 
     async def _event(self, local: RawObject, type_: str, reason: str, message: str) -> None:
         meta = local["metadata"]
-        if (meta["uid"], reason) in self._events_sent:
+        key = ObjectKey(meta["namespace"], meta["name"])
+        uid, sent = self._events_sent.get(key, ("", set()))
+        if uid == meta["uid"] and reason in sent:
             return
         now = _now()
         event: RawObject = {
@@ -326,7 +330,7 @@ class PodReflector:
             "reportingInstance": self.opts.virtual_node_name,
         }
         await self.consumer.create(EVENTS, event, meta["namespace"])
-        self._events_sent.add((meta["uid"], reason))
+        self._events_sent[key] = (meta["uid"], (sent if uid == meta["uid"] else set()) | {reason})
 
 
 def _now() -> str:

@@ -116,6 +116,13 @@ class ServiceReflector:
         self._services[namespace], self._slices[namespace] = services, slices
         self._watches.start(namespace, lambda: _run_both(services, slices))
 
+    def release(self, namespace: str) -> None:
+        """No pod of the node is left in ``namespace``: stop watching its Services (their copies
+        were queued by the last pod's change, and are deleted: nothing there uses them)."""
+        self._watches.cancel(namespace)
+        self._services.pop(namespace, None)
+        self._slices.pop(namespace, None)
+
     async def run(self) -> None:
         """Hold the per-namespace informers until cancelled."""
         await self._watches.run()
