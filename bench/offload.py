@@ -2,29 +2,46 @@
 against the same N pods created directly on the provider (the baseline).
 
 Runs on the local clusters (profile "demo" by default: ``make demo`` first). The virtual kubelet
-runs as its own process (``python -m vk``) so that its CPU seconds and peak RSS can be read from
-/proc. Prints p50/p99 per pod, total time, the ratio to the baseline, CPU and RSS.
+runs as its own process (``python -m vk``, its own node, which the pods select) so that its CPU
+seconds and peak RSS can be read from /proc and its requests from its /metrics. Prints p50/p99
+per pod, total time, the ratio to the baseline, CPU and RSS, and the virtual kubelet's requests
+per pod on each cluster, by verb and resource.
 
-    .venv/bin/python bench/offload.py --pods 100 --pods 1000
+``--namespaces N`` measures the other way to grow: one pod in each of N namespaces, then none.
+It prints how long a plain GET takes while the virtual kubelet watches them all, and the
+watches it holds and its RSS with the pods and after them.
+
+A run that times out prints what it got; every run removes what it made (nodes, namespaces, the
+virtual node), on Ctrl-C too.
+
+    .venv/bin/python -m bench.offload --pods 100 --pods 1000
+    .venv/bin/python -m bench.offload --namespaces 100
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import NodeSpec, profile_clusters
 from hack.localcluster.nodes import node_manifest
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, watch_objects
@@ -32,23 +49,38 @@ from kube.watching import Listed, watch_objects
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
 
 
-def pod(name: str) -> RawObject:
+def pod(name: str, node: str | None = None) -> RawObject:
+    """A one-GPU pod; with ``node``, it selects that node (the bench's own virtual node: pods
+    that tolerate virtual nodes could land on another one, the demo's, and wait there)."""
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        "tolerations": [TOLERATION],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def namespace(name: str) -> RawObject:
     return {
         "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
-            "tolerations": [TOLERATION],
-            "terminationGracePeriodSeconds": 0,
-        },
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"bench": "gpuferry"}},
     }
 
 
-async def create_and_time(client: KubeClient, namespace: str, count: int) -> tuple[list[float], float]:
+class TimedOut(Exception):
+    """Not every pod reached Running in time; the message says where they are."""
+
+
+async def create_and_time(
+    client: KubeClient, namespace: str, count: int, node: str | None = None
+) -> tuple[list[float], float]:
     """Create ``count`` pods and return per-pod seconds to Running and the total seconds."""
     running: dict[str, float] = {}
     created: dict[str, float] = {}
+    phases: dict[str, str] = {}
     done = asyncio.Event()
 
     async def watch() -> None:
@@ -56,7 +88,9 @@ async def create_and_time(client: KubeClient, namespace: str, count: int) -> tup
             if isinstance(item, Listed):
                 continue
             name = item.key.name
-            if item.object.get("status", {}).get("phase") == "Running" and name not in running:
+            status = item.object.get("status", {})
+            phases[name] = status.get("phase") or "?"
+            if status.get("phase") == "Running" and name not in running:
                 running[name] = time.monotonic()
                 if len(running) == count:
                     done.set()
@@ -71,12 +105,22 @@ async def create_and_time(client: KubeClient, namespace: str, count: int) -> tup
         name = f"p-{i:05d}"
         async with sem:
             created[name] = time.monotonic()
-            await client.create(PODS, pod(name), namespace)
+            await client.create(PODS, pod(name, node), namespace)
 
-    await asyncio.gather(*(create(i) for i in range(count)))
-    await asyncio.wait_for(done.wait(), timeout=max(120, count))
+    timeout = max(120, count)
+    try:
+        await asyncio.gather(*(create(i) for i in range(count)))
+        await asyncio.wait_for(done.wait(), timeout=timeout)
+    except TimeoutError:
+        where = Counter(phases.get(n, "not seen") for n in created if n not in running)
+        raise TimedOut(
+            f"{len(running)} of {count} pods Running after {timeout}s; the others: "
+            + ", ".join(f"{n} {phase}" for phase, n in sorted(where.items()))
+        ) from None
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
     total = time.monotonic() - start
-    await watcher
     return [running[n] - created[n] for n in created], total
 
 
@@ -112,36 +156,189 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def bench(profile: str, counts: list[int]) -> None:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+Requests = dict[tuple[str, str, str], float]
+"""(server, verb, resource) -> requests the virtual kubelet sent."""
+
+
+async def requests_sent(port: int) -> Requests:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = await resp.text()
+    out: Requests = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gpuferry_api_requests_total":
+                labels = sample.labels
+                out[(labels["server"], labels["verb"], labels["resource"])] = sample.value
+    return out
+
+
+def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str]) -> list[str]:
+    """One line per cluster: its requests per pod by verb and resource, most first."""
+    lines = []
+    for server, side in sides.items():
+        counts = {
+            f"{verb} {resource}": (after[k] - before.get(k, 0.0)) / pods
+            for k in after
+            if k[0] == server and (verb := k[1]) not in ("watch",) and (resource := k[2])
+        }
+        counts = {k: v for k, v in counts.items() if v >= 0.005}
+        total = sum(counts.values())
+        detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {side}: {total:.2f} requests per pod ({detail or 'none'})")
+    return lines
+
+
+def vk_command(consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int) -> list[str]:
+    return [
+        sys.executable, "-m", "vk",
+        "--consumer-kubeconfig", str(consumer.spec.kubeconfig),
+        "--provider-kubeconfig", str(provider.spec.kubeconfig),
+        "--consumer-id", cons_id, "--provider-id", prov_id,
+        "--resource", f"nvidia.com/gpu={gpus}", "--resource", "cpu=100000",
+        "--resource", "memory=100Ti", "--resource", f"pods={gpus}",
+        "--metrics-port", str(port),
+    ]  # fmt: skip
+
+
+async def wait_ready(client: KubeClient, node: str, vk: subprocess.Popen[bytes], log: str) -> None:
+    async with asyncio.timeout(120):
+        async for item in watch_objects(client, NODES, field_selector=f"metadata.name={node}"):
+            if vk.poll() is not None:
+                raise TimedOut(f"the virtual kubelet exited ({vk.returncode}): see {log}")
+            if not isinstance(item, Listed) and any(
+                x["type"] == "Ready" and x["status"] == "True"
+                for x in item.object.get("status", {}).get("conditions", [])
+            ):
+                return
+
+
+async def throughput(c: KubeClient, p: KubeClient, counts: list[int], *, node: str, cons_id: str,
+                     suffix: str, vk: subprocess.Popen[bytes], port: int) -> None:  # fmt: skip
+    sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
+    for n in counts:
+        results = {}
+        lines: list[str] = []
+        for side, client in (("direct", p), ("offloaded", c)):
+            ns = f"bench-{side}-{n}-{suffix}"
+            await client.create(
+                NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            )
+            await asyncio.sleep(1.5)  # default ServiceAccount
+            before = await requests_sent(port)
+            try:
+                results[side] = await create_and_time(client, ns, n, node if side == "offloaded" else None)
+            finally:
+                after = await requests_sent(port)
+                await client.delete(NAMESPACES, ns)
+                # the pods hold their GPUs until they are gone: the next run needs them
+                await wait_gone(client, ns)
+                if side == "offloaded":  # and the twins too
+                    await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
+            if side == "offloaded":
+                lines = per_pod(before, after, n, sides)
+        cpu, rss = proc_stats(vk.pid)
+        d, o = results["direct"], results["offloaded"]
+        print(
+            f"N={n}: direct total {d[1]:.1f}s p50 {statistics.median(d[0]):.2f}s "
+            f"p99 {pct(d[0], 0.99):.2f}s | offloaded total {o[1]:.1f}s "
+            f"p50 {statistics.median(o[0]):.2f}s p99 {pct(o[0], 0.99):.2f}s | "
+            f"ratio {o[1] / d[1]:.2f}x | vk cpu {cpu:.1f}s peak RSS {rss / 2**20:.0f} MiB",
+            flush=True,
+        )
+        for line in lines:
+            print(line, flush=True)
+
+
+async def watches_held(port: int) -> int:
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = await resp.text()
+    return int(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == "gpuferry_vk_namespace_watches"))  # fmt: skip
+
+
+def rss_now(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, vk: subprocess.Popen[bytes],
+                          port: int) -> None:  # fmt: skip
+    """One pod in each of ``count`` namespaces, then none: GETs meanwhile, watches, RSS."""
+    names = [f"bench-ns-{i:03d}-{suffix}" for i in range(count)]
+
+    async def get_latency() -> float:
+        samples = []
+        for _ in range(20):
+            start = time.monotonic()
+            await c.get(NAMESPACES, names[0])
+            samples.append(time.monotonic() - start)
+        return statistics.median(samples)
+
+    try:
+        for ns in names:
+            await c.create(NAMESPACES, namespace(ns))
+        await asyncio.sleep(1.5)
+        base_rss = rss_now(vk.pid)
+        start = time.monotonic()
+        sem = asyncio.Semaphore(32)
+
+        async def one(ns: str) -> None:
+            async with sem:
+                await c.create(PODS, pod("p", node), ns)
+
+        await asyncio.gather(*(one(ns) for ns in names))
+        async with asyncio.timeout(max(120, count)):
+            while True:
+                pods = [await c.get(PODS, "p", ns) for ns in names]
+                if all(x.get("status", {}).get("phase") == "Running" for x in pods):
+                    break
+                await asyncio.sleep(1)
+        running = time.monotonic() - start
+        await asyncio.sleep(2)
+        held, rss, latency = await watches_held(port), rss_now(vk.pid), await get_latency()
+        print(f"{count} namespaces, one pod each: all Running in {running:.1f}s | vk holds {held} watches, "
+              f"RSS {rss / 2**20:.0f} MiB (before the pods {base_rss / 2**20:.0f} MiB) | "
+              f"GET p50 {latency * 1000:.1f} ms", flush=True)  # fmt: skip
+        for ns in names:
+            await c.delete(PODS, "p", ns, grace_period_seconds=0)
+        async with asyncio.timeout(120):
+            while await watches_held(port) > 0:  # noqa: ASYNC110 - its /metrics, not an event
+                await asyncio.sleep(0.5)
+        await asyncio.sleep(2)
+        held, rss = await watches_held(port), rss_now(vk.pid)
+        print(f"  pods gone: vk holds {held} watches, RSS {rss / 2**20:.0f} MiB | "
+              f"GET p50 {await get_latency() * 1000:.1f} ms", flush=True)  # fmt: skip
+    except TimeoutError:
+        print(f"  timed out: {await watches_held(port)} watches still held", flush=True)
+        raise
+    finally:
+        for ns in names:
+            with contextlib.suppress(NotFound):
+                await c.delete(NAMESPACES, ns)
+
+
+async def bench(profile: str, counts: list[int], namespaces: int | None) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
     suffix = uuid.uuid4().hex[:5]
     cons_id, prov_id = f"bench-c{suffix}", f"bench-p{suffix}"
-    gpus = str(max(counts) + 10)
+    node = f"gpuferry-{prov_id}"
+    most = max([*counts, namespaces or 0])
+    gpus = str(most + 10)
+    port = free_port()
+    log = f"/tmp/bench-vk-{suffix}.log"
     vk = subprocess.Popen(  # noqa: ASYNC220 - started once, before any timing
-        [
-            sys.executable,
-            "-m",
-            "vk",
-            "--consumer-kubeconfig",
-            str(consumer.spec.kubeconfig),
-            "--provider-kubeconfig",
-            str(provider.spec.kubeconfig),
-            "--consumer-id",
-            cons_id,
-            "--provider-id",
-            prov_id,
-            "--resource",
-            f"nvidia.com/gpu={gpus}",
-            "--resource",
-            "cpu=100000",
-            "--resource",
-            "memory=100Ti",
-            "--resource",
-            f"pods={gpus}",
-        ],
+        vk_command(consumer, provider, cons_id, prov_id, gpus, port),
         stdout=subprocess.DEVNULL,
-        stderr=open(f"/tmp/bench-vk-{suffix}.log", "w"),  # noqa: SIM115, ASYNC230
+        stderr=open(log, "w"),  # noqa: SIM115, ASYNC230
     )
     # the simulated provider has 36 GPUs; N pods with one GPU each need more nodes (kwok runs them)
     extra = [
@@ -152,7 +349,7 @@ async def bench(profile: str, counts: list[int]) -> None:
             gpus=8,
             gpu_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         )
-        for i in range(max(counts) // 8 + 2)
+        for i in range(most // 8 + 2)
     ]
     provider.kubectl(
         "create",
@@ -166,36 +363,11 @@ async def bench(profile: str, counts: list[int]) -> None:
             KubeClient.from_kubeconfig(consumer.spec.kubeconfig, settings=fast) as c,
             KubeClient.from_kubeconfig(provider.spec.kubeconfig, settings=fast) as p,
         ):
-            node = f"gpuferry-{prov_id}"
-            async for item in watch_objects(c, NODES, field_selector=f"metadata.name={node}"):
-                if not isinstance(item, Listed) and any(
-                    x["type"] == "Ready" and x["status"] == "True"
-                    for x in item.object.get("status", {}).get("conditions", [])
-                ):
-                    break
-            for n in counts:
-                results = {}
-                for side, client in (("direct", p), ("offloaded", c)):
-                    ns = f"bench-{side}-{n}-{suffix}"
-                    await client.create(
-                        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-                    )
-                    await asyncio.sleep(1.5)  # default ServiceAccount
-                    results[side] = await create_and_time(client, ns, n)
-                    await client.delete(NAMESPACES, ns)
-                    # the pods hold their GPUs until they are gone: the next run needs them
-                    await wait_gone(client, ns)
-                    if side == "offloaded":  # and the twins too
-                        await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
-                cpu, rss = proc_stats(vk.pid)
-                d, o = results["direct"], results["offloaded"]
-                print(
-                    f"N={n}: direct total {d[1]:.1f}s p50 {statistics.median(d[0]):.2f}s "
-                    f"p99 {pct(d[0], 0.99):.2f}s | offloaded total {o[1]:.1f}s "
-                    f"p50 {statistics.median(o[0]):.2f}s p99 {pct(o[0], 0.99):.2f}s | "
-                    f"ratio {o[1] / d[1]:.2f}x | vk cpu {cpu:.1f}s peak RSS {rss / 2**20:.0f} MiB",
-                    flush=True,
-                )
+            await wait_ready(c, node, vk, log)
+            if counts:
+                await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port)
+            if namespaces:
+                await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
         vk.terminate()
         vk.wait(10)
@@ -203,7 +375,8 @@ async def bench(profile: str, counts: list[int]) -> None:
         provider.kubectl(
             "delete", "namespaces", "-l", f"gpuferry.io/origin-cluster-id={cons_id}", "--wait=false"
         )
-        consumer.kubectl("delete", "node", f"gpuferry-{prov_id}", "--ignore-not-found", "--wait=false")
+        consumer.kubectl("delete", "namespaces", "-l", "bench=gpuferry", "--ignore-not-found", "--wait=false")
+        consumer.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
 
 
 def main() -> None:
@@ -212,8 +385,17 @@ def main() -> None:
     )
     parser.add_argument("--profile", default="demo")
     parser.add_argument("--pods", type=int, action="append", help="N (repeatable; default 100 and 1000)")
+    parser.add_argument("--namespaces", type=int, help="one pod in each of N namespaces, then none")
     args = parser.parse_args()
-    asyncio.run(bench(args.profile, args.pods or [100, 1000]))
+    counts = args.pods or ([] if args.namespaces else [100, 1000])
+    try:
+        asyncio.run(bench(args.profile, counts, args.namespaces))
+    except KeyboardInterrupt:
+        print("interrupted: what the benchmark made is removed", file=sys.stderr)
+        sys.exit(130)
+    except (TimedOut, TimeoutError, KubeError) as exc:
+        print(f"benchmark stopped: {exc or type(exc).__name__}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

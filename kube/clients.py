@@ -27,7 +27,7 @@ from .objects import ObjectKey, RawObject, Resource
 from .ratelimit import TokenBucket
 from .settings import ClientSettings
 
-__all__ = ["KubeClient", "PatchType"]
+__all__ = ["KubeClient", "PatchType", "resource_of"]
 
 PatchType = Literal["merge", "strategic", "json", "apply"]
 
@@ -40,7 +40,11 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 
 Params = Mapping[str, str | int | bool | None]
 
-_REQUESTS = counter("api_requests", "Requests sent to API servers, by verb.", ["verb"])
+_REQUESTS = counter(
+    "api_requests",
+    "Requests sent to API servers, by verb, resource (pods, pods/status, ...) and server (host:port).",
+    ["verb", "resource", "server"],
+)
 _ERRORS = counter("api_errors", "Failed API requests, by verb and error class.", ["verb", "error"])
 
 
@@ -51,6 +55,23 @@ def _verb(method: str, params: Params | None, streaming: bool) -> str:
     return {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(
         method.upper(), method.lower()
     )
+
+
+def resource_of(path: str) -> str:
+    """The resource a request path is about, with its subresource (``pods``, ``pods/status``,
+    ``gpuslices``, ``namespaces``); ``""`` for a path that names none (``/version``). Pure."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        rest = parts[3:]
+    else:
+        return ""
+    if len(rest) > 2 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
+        rest = rest[2:]  # /namespaces/<ns>/<resource>...; /namespaces/<ns>[/status] is a namespace
+    if not rest:
+        return ""
+    return rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
 
 
 def _query(params: Params | None) -> dict[str, str]:
@@ -71,6 +92,7 @@ class KubeClient:
         self.limiter = TokenBucket(self.settings.qps, self.settings.burst)
         self._session: aiohttp.ClientSession | None = None
         self._streams: aiohttp.ClientSession | None = None
+        self._server = self.base_url.split("://", 1)[-1]
 
     @classmethod
     def from_kubeconfig(
@@ -223,7 +245,7 @@ class KubeClient:
             hdrs.setdefault("Content-Type", "application/json")
         await self.limiter.acquire()
         verb = _verb(method, params, streaming=False)
-        _REQUESTS.labels(verb).inc()
+        _REQUESTS.labels(verb, resource_of(path), self._server).inc()
         try:
             async with self.session.request(
                 method,
@@ -270,7 +292,7 @@ class KubeClient:
         )
         await self.limiter.acquire()
         verb = _verb(method, params, streaming=True)
-        _REQUESTS.labels(verb).inc()
+        _REQUESTS.labels(verb, resource_of(path), self._server).inc()
         try:
             async with self.stream_session.request(
                 method,

@@ -99,7 +99,9 @@ def build_virtual_kubelet(
             # the node's last pod in this namespace went: its watches go too (issue 15)
             namespace = change.key.namespace or ""
             for reflector in (*copiers, events):
-                if not isinstance(reflector, TokenReflector):
+                if isinstance(reflector, TokenReflector):
+                    reflector.clear_namespace(namespace)
+                else:
                     reflector.release(namespace)
 
     local.add_handler(local_pod_changed)

@@ -6,10 +6,16 @@ stops working when the pod goes), and writes it with the consumer's CA and names
 pod's token Secret in the twin namespace (:mod:`vk.forge.tokens`). It renews the token when 80%
 of its lifetime has passed, as the kubelet does, and deletes the Secret when the pod is gone.
 The pod reflector calls :meth:`ensure_for` before creating a twin, so the Secret exists first.
+
+A pod's token is asked for and written once: the queue's pass and the pod reflector's
+:meth:`ensure_for` share one write in flight, and find a fresh one done (issue 15: both wrote,
+two TokenRequests and two Secret writes per pod). The consumer's CA (``kube-root-ca.crt``) is
+read once a minute per namespace, not once per pod.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -33,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 _ISSUED = counter("vk_tokens_issued", "Consumer service-account tokens issued for twins.")
 RENEW_AT = 0.8
+CA_SECONDS = 60.0
+"""How long a namespace's ``kube-root-ca.crt`` is taken as read."""
 
 
 def _expiry(timestamp: str) -> float:
@@ -62,6 +70,8 @@ class TokenReflector:
         self.queue: KeyedQueue[ObjectKey] = KeyedQueue("sync_tokens_to_remote", settings=queue_settings)
         self._renew_at: dict[ObjectKey, float] = {}
         self._written: dict[ObjectKey, tuple[str, str]] = {}  # pod key -> (twin namespace, pod uid)
+        self._writing: dict[ObjectKey, asyncio.Future[Requeue]] = {}
+        self._cas: dict[str, tuple[float, str]] = {}  # namespace -> (read at, CA)
 
     def pod_changed(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -71,11 +81,52 @@ class TokenReflector:
             self.queue.add(key)
 
     async def _ca(self, namespace: str) -> str:
+        read = self._cas.get(namespace)
+        if read is not None and time.monotonic() - read[0] < CA_SECONDS:
+            return read[1]
         try:
             cm = await self.consumer.get(CONFIGMAPS, "kube-root-ca.crt", namespace)
         except NotFound:
             return ""
-        return str((cm.get("data") or {}).get("ca.crt") or "")
+        ca = str((cm.get("data") or {}).get("ca.crt") or "")
+        self._cas[namespace] = (time.monotonic(), ca)
+        return ca
+
+    def _fresh(self, key: ObjectKey, twin_ns: str, uid: str) -> float | None:
+        """Seconds until the written token of this pod is due for renewal; None if not fresh."""
+        due = self._renew_at.get(key)
+        if due is not None and time.time() < due and self._written.get(key) == (twin_ns, uid):
+            return due - time.time()
+        return None
+
+    async def _write_once(self, pod: RawObject, twin_ns: str, log: object) -> Requeue:
+        """One write per pod at a time: a second caller waits for the first's (and a fresh
+        token is not written again)."""
+        meta = pod["metadata"]
+        key = ObjectKey(meta["namespace"], meta["name"])
+        running = self._writing.get(key)
+        if running is not None:
+            return await asyncio.shield(running)
+        left = self._fresh(key, twin_ns, meta["uid"])
+        if left is not None:
+            return Requeue(max(1.0, left))
+        future: asyncio.Future[Requeue] = asyncio.get_running_loop().create_future()
+        self._writing[key] = future
+        try:
+            result = await self._write(pod, twin_ns, log)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a waiter, if any, gets it too
+            raise
+        else:
+            future.set_result(result)
+            return result
+        finally:
+            del self._writing[key]
+
+    def clear_namespace(self, namespace: str) -> None:
+        """Forget the CA read in ``namespace`` (no pod of the node left there)."""
+        self._cas.pop(namespace, None)
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         log = object_logger(logger, "Pod", key)
@@ -89,14 +140,7 @@ class TokenReflector:
         twin_ns = self.twin_namespace_for(key.namespace or "")
         if twin_ns is None:
             return None
-        due = self._renew_at.get(key)
-        if (
-            due is not None
-            and time.time() < due
-            and self._written.get(key) == (twin_ns, pod["metadata"]["uid"])
-        ):
-            return Requeue(max(1.0, due - time.time()))
-        return await self._write(pod, twin_ns, log)
+        return await self._write_once(pod, twin_ns, log)
 
     async def _write(self, pod: RawObject, twin_ns: str, log: object) -> Requeue:
         meta = pod["metadata"]
@@ -149,4 +193,4 @@ class TokenReflector:
             return
         twin_ns = self.twin_namespace_for(pod["metadata"]["namespace"])
         if twin_ns is not None:
-            await self._write(pod, twin_ns, logger)
+            await self._write_once(pod, twin_ns, logger)

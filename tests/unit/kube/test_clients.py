@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kube.clients import KubeClient
+from kube.clients import KubeClient, resource_of
 from kube.errors import AlreadyExists, Invalid, NotFound, ServerError, Timeout, TooManyRequests, Unreachable
 from kube.kubeconfigs import ConfigError, in_cluster, load_kubeconfig
 from kube.objects import CONFIGMAPS, NODES
@@ -365,14 +365,34 @@ async def test_requests_and_errors_are_counted_by_verb(fake: FakeApi, client: Ku
     def sample(name: str, **labels: str) -> float:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
+    server = client.base_url.split("://", 1)[1]
     before_errors = sample("gpuferry_api_errors_total", verb="patch", error="ServerError")
-    before_gets = sample("gpuferry_api_requests_total", verb="get")
+    before_gets = sample("gpuferry_api_requests_total", verb="get", resource="configmaps", server=server)
     fake.faults = [Fault(503, "ServiceUnavailable")]
     with pytest.raises(ServerError):
         await client.patch(CONFIGMAPS, "a", {"data": {}}, NS)
     await client.get(CONFIGMAPS, "a", namespace=NS)
     assert sample("gpuferry_api_errors_total", verb="patch", error="ServerError") == before_errors + 1
-    assert sample("gpuferry_api_requests_total", verb="get") == before_gets + 1
+    gets = sample("gpuferry_api_requests_total", verb="get", resource="configmaps", server=server)
+    assert gets == before_gets + 1
+
+
+@pytest.mark.parametrize(
+    ("path", "resource"),
+    [
+        ("/api/v1/namespaces/ns/pods", "pods"),
+        ("/api/v1/namespaces/ns/pods/p/status", "pods/status"),
+        ("/api/v1/namespaces/ns/serviceaccounts/default/token", "serviceaccounts/token"),
+        ("/api/v1/namespaces/ns", "namespaces"),
+        ("/api/v1/namespaces/ns/status", "namespaces/status"),
+        ("/api/v1/nodes/n", "nodes"),
+        ("/apis/sharing.gpuferry.io/v1alpha1/namespaces/t/gpuslices/s", "gpuslices"),
+        ("/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n", "leases"),
+        ("/version", ""),
+    ],
+)
+def test_requests_are_counted_by_the_resource_their_path_names(path: str, resource: str) -> None:
+    assert resource_of(path) == resource
 
 
 async def test_a_kubeconfig_held_in_memory(fake: FakeApi, kubeconfig: Path) -> None:
