@@ -9,7 +9,7 @@ from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchS
 
 def test_defaults_without_environment() -> None:
     assert ClientSettings.from_env(environ={}) == ClientSettings()
-    assert ClientSettings().qps == 100 and ClientSettings().burst == 100
+    assert ClientSettings().qps == 500 and ClientSettings().burst == 1000
 
 
 def test_values_are_read_and_typed() -> None:
