@@ -295,12 +295,17 @@ async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, 
                 await c.create(PODS, pod("p", node), ns)
 
         await asyncio.gather(*(one(ns) for ns in names))
-        async with asyncio.timeout(max(120, count)):
-            while True:
-                pods = [await c.get(PODS, "p", ns) for ns in names]
-                if all(x.get("status", {}).get("phase") == "Running" for x in pods):
-                    break
-                await asyncio.sleep(1)
+        phases: Counter[str] = Counter()
+        try:
+            async with asyncio.timeout(max(120, count)):
+                while True:
+                    pods = [await c.get(PODS, "p", ns) for ns in names]
+                    phases = Counter(x.get("status", {}).get("phase") or "?" for x in pods)
+                    if phases["Running"] == count:
+                        break
+                    await asyncio.sleep(1)
+        except TimeoutError:
+            raise TimedOut(f"pods after {max(120, count)}s: {dict(phases)}") from None
         running = time.monotonic() - start
         await asyncio.sleep(2)
         held, rss, latency = await watches_held(port), rss_now(vk.pid), await get_latency()
@@ -317,8 +322,7 @@ async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, 
         print(f"  pods gone: vk holds {held} watches, RSS {rss / 2**20:.0f} MiB | "
               f"GET p50 {await get_latency() * 1000:.1f} ms", flush=True)  # fmt: skip
     except TimeoutError:
-        print(f"  timed out: {await watches_held(port)} watches still held", flush=True)
-        raise
+        raise TimedOut(f"after the pods went, {await watches_held(port)} watches still held") from None
     finally:
         for ns in names:
             with contextlib.suppress(NotFound):
@@ -394,7 +398,7 @@ def main() -> None:
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
     except (TimedOut, TimeoutError, KubeError) as exc:
-        print(f"benchmark stopped: {exc or type(exc).__name__}", file=sys.stderr)
+        print(f"benchmark stopped: {str(exc) or type(exc).__name__}", file=sys.stderr)
         sys.exit(1)
 
 

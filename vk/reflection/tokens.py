@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, NotFound
+from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -106,7 +106,12 @@ class TokenReflector:
         key = ObjectKey(meta["namespace"], meta["name"])
         running = self._writing.get(key)
         if running is not None:
-            return await asyncio.shield(running)
+            try:
+                return await asyncio.shield(running)
+            except KubeError:
+                pass  # that write failed (its twin namespace was not there yet): this one tries
+            if (running := self._writing.get(key)) is not None:
+                return await asyncio.shield(running)
         left = self._fresh(key, twin_ns, meta["uid"])
         if left is not None:
             return Requeue(max(1.0, left))
@@ -140,7 +145,10 @@ class TokenReflector:
         twin_ns = self.twin_namespace_for(key.namespace or "")
         if twin_ns is None:
             return None
-        return await self._write_once(pod, twin_ns, log)
+        try:
+            return await self._write_once(pod, twin_ns, log)
+        except NotFound:  # its twin namespace is not there yet: the twin's creation makes it
+            return Requeue(1.0)
 
     async def _write(self, pod: RawObject, twin_ns: str, log: object) -> Requeue:
         meta = pod["metadata"]
