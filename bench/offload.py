@@ -39,6 +39,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import NodeSpec, profile_clusters
+from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
@@ -196,14 +197,28 @@ def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str])
 
 def vk_command(consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int) -> list[str]:
     return [
-        sys.executable, "-m", "vk",
-        "--consumer-kubeconfig", str(consumer.spec.kubeconfig),
-        "--provider-kubeconfig", str(provider.spec.kubeconfig),
-        "--consumer-id", cons_id, "--provider-id", prov_id,
-        "--resource", f"nvidia.com/gpu={gpus}", "--resource", "cpu=100000",
-        "--resource", "memory=100Ti", "--resource", f"pods={gpus}",
-        "--metrics-port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vk",
+        "--consumer-kubeconfig",
+        str(consumer.spec.kubeconfig),
+        "--provider-kubeconfig",
+        str(provider.spec.kubeconfig),
+        "--consumer-id",
+        cons_id,
+        "--provider-id",
+        prov_id,
+        "--resource",
+        f"nvidia.com/gpu={gpus}",
+        "--resource",
+        "cpu=100000",
+        "--resource",
+        "memory=100Ti",
+        "--resource",
+        f"pods={gpus}",
+        "--metrics-port",
+        str(port),
+    ]
 
 
 async def wait_ready(client: KubeClient, node: str, vk: subprocess.Popen[bytes], log: str) -> None:
@@ -218,8 +233,17 @@ async def wait_ready(client: KubeClient, node: str, vk: subprocess.Popen[bytes],
                 return
 
 
-async def throughput(c: KubeClient, p: KubeClient, counts: list[int], *, node: str, cons_id: str,
-                     suffix: str, vk: subprocess.Popen[bytes], port: int) -> None:  # fmt: skip
+async def throughput(
+    c: KubeClient,
+    p: KubeClient,
+    counts: list[int],
+    *,
+    node: str,
+    cons_id: str,
+    suffix: str,
+    vk: subprocess.Popen[bytes],
+    port: int,
+) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
     for n in counts:
         results = {}
@@ -258,8 +282,14 @@ async def throughput(c: KubeClient, p: KubeClient, counts: list[int], *, node: s
 async def watches_held(port: int) -> int:
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
         text = await resp.text()
-    return int(sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "gpuferry_vk_namespace_watches"))  # fmt: skip
+    return int(
+        sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "gpuferry_vk_namespace_watches"
+        )
+    )
 
 
 def rss_now(pid: int) -> int:
@@ -269,8 +299,9 @@ def rss_now(pid: int) -> int:
     return 0
 
 
-async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, vk: subprocess.Popen[bytes],
-                          port: int) -> None:  # fmt: skip
+async def many_namespaces(
+    c: KubeClient, count: int, *, node: str, suffix: str, vk: subprocess.Popen[bytes], port: int
+) -> None:
     """One pod in each of ``count`` namespaces, then none: GETs meanwhile, watches, RSS."""
     names = [f"bench-ns-{i:03d}-{suffix}" for i in range(count)]
 
@@ -309,9 +340,12 @@ async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, 
         running = time.monotonic() - start
         await asyncio.sleep(2)
         held, rss, latency = await watches_held(port), rss_now(vk.pid), await get_latency()
-        print(f"{count} namespaces, one pod each: all Running in {running:.1f}s | vk holds {held} watches, "
-              f"RSS {rss / 2**20:.0f} MiB (before the pods {base_rss / 2**20:.0f} MiB) | "
-              f"GET p50 {latency * 1000:.1f} ms", flush=True)  # fmt: skip
+        print(
+            f"{count} namespaces, one pod each: all Running in {running:.1f}s | vk holds {held} watches, "
+            f"RSS {rss / 2**20:.0f} MiB (before the pods {base_rss / 2**20:.0f} MiB) | "
+            f"GET p50 {latency * 1000:.1f} ms",
+            flush=True,
+        )
         for ns in names:
             await c.delete(PODS, "p", ns, grace_period_seconds=0)
         async with asyncio.timeout(120):
@@ -319,8 +353,11 @@ async def many_namespaces(c: KubeClient, count: int, *, node: str, suffix: str, 
                 await asyncio.sleep(0.5)
         await asyncio.sleep(2)
         held, rss = await watches_held(port), rss_now(vk.pid)
-        print(f"  pods gone: vk holds {held} watches, RSS {rss / 2**20:.0f} MiB | "
-              f"GET p50 {await get_latency() * 1000:.1f} ms", flush=True)  # fmt: skip
+        print(
+            f"  pods gone: vk holds {held} watches, RSS {rss / 2**20:.0f} MiB | "
+            f"GET p50 {await get_latency() * 1000:.1f} ms",
+            flush=True,
+        )
     except TimeoutError:
         raise TimedOut(f"after the pods went, {await watches_held(port)} watches still held") from None
     finally:
@@ -351,7 +388,7 @@ async def bench(profile: str, counts: list[int], namespaces: int | None) -> None
             cpu="96",
             memory="1536Gi",
             gpus=8,
-            gpu_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            gpu_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "bench.gpuferry.io/run": suffix},
         )
         for i in range(most // 8 + 2)
     ]
@@ -375,12 +412,32 @@ async def bench(profile: str, counts: list[int], namespaces: int | None) -> None
     finally:
         vk.terminate()
         vk.wait(10)
-        provider.kubectl("delete", "nodes", *[n.name for n in extra], "--wait=false")
-        provider.kubectl(
-            "delete", "namespaces", "-l", f"gpuferry.io/origin-cluster-id={cons_id}", "--wait=false"
+        cleanup(
+            (provider, ("delete", "nodes", "-l", f"bench.gpuferry.io/run={suffix}", "--wait=false")),
+            (
+                provider,
+                ("delete", "namespaces", "-l", f"gpuferry.io/origin-cluster-id={cons_id}", "--wait=false"),
+            ),
+            (
+                consumer,
+                ("delete", "namespaces", "-l", "bench=gpuferry", "--ignore-not-found", "--wait=false"),
+            ),
+            (consumer, ("delete", "node", node, "--ignore-not-found", "--wait=false")),
         )
-        consumer.kubectl("delete", "namespaces", "-l", "bench=gpuferry", "--ignore-not-found", "--wait=false")
-        consumer.kubectl("delete", "node", node, "--ignore-not-found", "--wait=false")
+
+
+def cleanup(*steps: tuple[Any, tuple[str, ...]]) -> None:
+    """Every step, whatever the one before did; what could not be removed is said, with the
+    command that removes it."""
+    for cluster, args in steps:
+        try:
+            cluster.kubectl(*args)
+        except (subprocess.TimeoutExpired, KubectlFailed) as exc:
+            print(
+                f"cleanup: kubectl {' '.join(args)} on {cluster.spec.name} did not finish "
+                f"({type(exc).__name__}): run it again with --kubeconfig {cluster.spec.kubeconfig}",
+                file=sys.stderr,
+            )
 
 
 def main() -> None:
