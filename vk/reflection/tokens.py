@@ -72,6 +72,7 @@ class TokenReflector:
         self._written: dict[ObjectKey, tuple[str, str]] = {}  # pod key -> (twin namespace, pod uid)
         self._writing: dict[ObjectKey, asyncio.Future[Requeue]] = {}
         self._cas: dict[str, tuple[float, str]] = {}  # namespace -> (read at, CA)
+        self._ca_reads: dict[str, asyncio.Future[str]] = {}
 
     def pod_changed(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -84,6 +85,14 @@ class TokenReflector:
         read = self._cas.get(namespace)
         if read is not None and time.monotonic() - read[0] < CA_SECONDS:
             return read[1]
+        reading = self._ca_reads.get(namespace)
+        if reading is None:  # one read at a time per namespace: a burst of pods shares it
+            reading = asyncio.ensure_future(self._read_ca(namespace))
+            self._ca_reads[namespace] = reading
+            reading.add_done_callback(lambda _: self._ca_reads.pop(namespace, None))
+        return await asyncio.shield(reading)
+
+    async def _read_ca(self, namespace: str) -> str:
         try:
             cm = await self.consumer.get(CONFIGMAPS, "kube-root-ca.crt", namespace)
         except NotFound:
