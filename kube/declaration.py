@@ -23,7 +23,7 @@ where they run and listen:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_address, ip_network
 from typing import Any
@@ -36,6 +36,7 @@ __all__ = [
     "Declaration",
     "DeclarationError",
     "declaration_from_configmap",
+    "ipv4_cidrs",
 ]
 
 DECLARATION_NAMESPACE = "kube-system"
@@ -67,24 +68,34 @@ class Declaration:
         return bool(self.gateway_netns and self.gateway_ip)
 
 
-def _cidrs(text: str, key: str, where: str) -> tuple[str, ...]:
+def ipv4_cidrs(parts: Iterable[str]) -> tuple[str, ...]:
+    """IPv4 network addresses (blank parts skipped), none overlapping another; `ValueError` says
+    which is wrong and why, without naming where it came from (the caller does). Pure."""
     out: list[IPv4Network] = []
-    for part in (p.strip() for p in text.split(",")):
+    for part in (p.strip() for p in parts):
         if not part:
             continue
         try:
             network = ip_network(part, strict=True)
         except ValueError as e:
-            raise DeclarationError(f"{where}: {key} {part!r} is not an IPv4 network address: {e}") from None
+            raise ValueError(f"{part!r} is not an IPv4 network address: {e}") from None
         if not isinstance(network, IPv4Network):
-            raise DeclarationError(f"{where}: {key} {part!r} is IPv6; the network fabric is IPv4 only")
+            raise ValueError(f"{part!r} is IPv6; the network fabric is IPv4 only")
         for other in out:
             if network.overlaps(other):
-                raise DeclarationError(f"{where}: {key} {network} overlaps {other}")
+                raise ValueError(f"{network} overlaps {other}")
         out.append(network)
+    return tuple(map(str, out))
+
+
+def _cidrs(text: str, key: str, where: str) -> tuple[str, ...]:
+    try:
+        out = ipv4_cidrs(text.split(","))
+    except ValueError as e:
+        raise DeclarationError(f"{where}: {key} {e}") from None
     if not out:
         raise DeclarationError(f"{where}: {key} is empty: declare at least one CIDR")
-    return tuple(map(str, out))
+    return out
 
 
 def declaration_from_configmap(cm: Mapping[str, Any] | None, *, side: str) -> Declaration:

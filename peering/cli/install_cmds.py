@@ -24,7 +24,6 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
-from ipaddress import IPv4Network, ip_network
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import yaml
 
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
-from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
+from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE, ipv4_cidrs
 from kube.errors import NotFound
 from kube.informers import Informer
 from kube.objects import (
@@ -322,16 +321,10 @@ def user_network_values(files: Sequence[str] | None, pairs: Sequence[str] | None
 
 
 def _cidr_flags(texts: Sequence[str] | None, flag: str) -> list[str]:
-    out = []
-    for text in texts or ():
-        try:
-            network = ip_network(text, strict=True)
-        except ValueError as exc:
-            raise UserError(f"{flag} {text!r} is not a network address: {exc}") from None
-        if not isinstance(network, IPv4Network):
-            raise UserError(f"{flag} {text!r} is IPv6; the network fabric is IPv4 only")
-        out.append(str(network))
-    return out
+    try:
+        return list(ipv4_cidrs(texts or ()))
+    except ValueError as exc:
+        raise UserError(f"{flag} {exc}") from None
 
 
 async def _network_values(

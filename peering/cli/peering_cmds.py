@@ -82,18 +82,23 @@ def requested_resources(args: argparse.Namespace) -> dict[str, str]:
     for key, value in parse_pairs(args.resource, "--resource").items():
         out[key] = value
     for key, value in out.items():
-        if not LABEL_KEY.match(key):
-            raise UserError(f"--resource {key!r}: not a resource name (e.g. nvidia.com/gpu, cpu, memory)")
-        try:
-            amount = parse_quantity(value)
-        except ValueError:
-            raise UserError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)") from None
-        if amount < 0:
-            raise UserError(f"{key}: {value!r} is negative: ask for a quantity of 0 or more")
-        if "/" in key and "." in key.split("/")[0] and amount != int(amount):
-            # extended resources (nvidia.com/gpu, ...) are whole units: Kubernetes refuses 0.5 of one
-            raise UserError(f"{key}: {value!r} is not a whole number: {key} comes in whole units")
+        check_quantity("--resource", key, value)
     return with_defaults(out)  # what the consumer's controller would fill in: shown before it asks
+
+
+def check_quantity(flag: str, key: str, value: str) -> None:
+    """A resource name and a quantity of it, as a GPUSlice takes them (``--resource``, ``--max``)."""
+    if not LABEL_KEY.match(key):
+        raise UserError(f"{flag}: {key!r} is not a resource name (e.g. nvidia.com/gpu, cpu, memory)")
+    try:
+        amount = parse_quantity(value)
+    except ValueError:
+        raise UserError(f"{key}: {value!r} is not a Kubernetes quantity (e.g. 8, 500m, 64Gi)") from None
+    if amount < 0:
+        raise UserError(f"{key}: {value!r} is negative: give a quantity of 0 or more")
+    if "/" in key and "." in key.split("/")[0] and amount != int(amount):
+        # extended resources (nvidia.com/gpu, ...) are whole units: Kubernetes refuses 0.5 of one
+        raise UserError(f"{key}: {value!r} is not a whole number: {key} comes in whole units")
 
 
 def check_selector(selector: dict[str, str]) -> dict[str, str]:

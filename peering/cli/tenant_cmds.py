@@ -18,18 +18,17 @@ provider's kubeconfig; bad input is one ``error:`` line and nothing is written.
 from __future__ import annotations
 
 import argparse
-from ipaddress import IPv4Network, ip_network
 from typing import Any
 
 from kube.clients import KubeClient
+from kube.declaration import ipv4_cidrs
 from kube.errors import NotFound
 from kube.objects import NAMESPACES, RawObject
-from kube.quantities import parse_quantity
 
 from ..provider.admission import APPROVED_SELECTOR_ANNOTATION, MAX_RESOURCES_ANNOTATION
 from ..resources import TENANTS, tenant_namespace
 from .common import UserError, emit, parse_pairs
-from .peering_cmds import LABEL_KEY, check_selector
+from .peering_cmds import check_quantity, check_selector
 
 __all__ = ["add_parser", "parse_cidrs", "parse_limits", "policy_of"]
 
@@ -40,38 +39,19 @@ def parse_limits(text: str) -> str:
     if not pairs:
         raise UserError("--max expects RESOURCE=QUANTITY[,...], e.g. nvidia.com/gpu=8,cpu=64")
     for name, value in pairs.items():
-        if not LABEL_KEY.match(name):
-            raise UserError(f"--max {name}={value}: {name!r} is not a resource name (e.g. nvidia.com/gpu)")
-        try:
-            amount = parse_quantity(value)
-        except ValueError:
-            raise UserError(
-                f"--max {name}={value}: {value!r} is not a Kubernetes quantity (e.g. 8, 64Gi)"
-            ) from None
-        if amount < 0:
-            raise UserError(f"--max {name}={value}: a limit cannot be negative")
+        check_quantity("--max", name, value)
     return ",".join(f"{k}={v}" for k, v in sorted(pairs.items()))
 
 
 def parse_cidrs(text: str, flag: str) -> list[str]:
     """IPv4 network addresses, comma-separated, none overlapping another. Pure."""
-    out: list[IPv4Network] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        try:
-            network = ip_network(part, strict=True)
-        except ValueError as exc:
-            raise UserError(f"{flag} {part}: not an IPv4 network address ({exc})") from None
-        if not isinstance(network, IPv4Network):
-            raise UserError(f"{flag} {part}: IPv6; the network fabric is IPv4 only")
-        for other in out:
-            if network.overlaps(other):
-                raise UserError(f"{flag} {part}: overlaps {other}")
-        out.append(network)
+    try:
+        out = ipv4_cidrs(text.split(","))
+    except ValueError as exc:
+        raise UserError(f"{flag} {exc}") from None
     if not out:
         raise UserError(f"{flag} expects at least one CIDR, e.g. 10.244.0.0/16")
-    return [str(n) for n in out]
+    return list(out)
 
 
 def policy_of(tenant: RawObject, namespace: RawObject) -> dict[str, Any]:

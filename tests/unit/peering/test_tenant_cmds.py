@@ -19,7 +19,7 @@ def test_limits_become_the_annotation_the_slice_policy_reads() -> None:
         ("", "--max expects RESOURCE=QUANTITY"),
         ("nvidia.com/gpu", "--max expects KEY=VALUE"),
         ("nvidia.com/gpu=eight", "'eight' is not a Kubernetes quantity"),
-        ("nvidia.com/gpu=-1", "a limit cannot be negative"),
+        ("nvidia.com/gpu=-1", "'-1' is negative"),
         ("NVIDIA GPU=1", "'NVIDIA GPU' is not a resource name"),
     ],
 )
