@@ -43,16 +43,20 @@ from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
-from kube.objects import NAMESPACES, NODES, PODS, RawObject
+from kube.objects import NAMESPACES, NODES, PODS, ObjectKey, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, watch_objects
 
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
 
 
-def pod(name: str, node: str | None = None) -> RawObject:
-    """A one-GPU pod; with ``node``, it selects that node (the bench's own virtual node: pods
-    that tolerate virtual nodes could land on another one, the demo's, and wait there)."""
+RUN_LABEL = "bench.gpuferry.io/run"
+
+
+def pod(name: str, run: str, node: str | None = None) -> RawObject:
+    """A one-GPU pod of the run ``run``; with ``node``, it selects that node (the bench's own
+    virtual node: pods that tolerate virtual nodes could land on another one, the demo's, and
+    wait there)."""
     spec: dict[str, Any] = {
         "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         "tolerations": [TOLERATION],
@@ -60,7 +64,12 @@ def pod(name: str, node: str | None = None) -> RawObject:
     }
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {RUN_LABEL: run}},
+        "spec": spec,
+    }
 
 
 def namespace(name: str) -> RawObject:
@@ -76,24 +85,25 @@ class TimedOut(Exception):
 
 
 async def create_and_time(
-    client: KubeClient, namespace: str, count: int, node: str | None = None
+    client: KubeClient, pods: list[ObjectKey], run: str, node: str | None = None
 ) -> tuple[list[float], float]:
-    """Create ``count`` pods and return per-pod seconds to Running and the total seconds."""
-    running: dict[str, float] = {}
-    created: dict[str, float] = {}
-    phases: dict[str, str] = {}
+    """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
+    every namespace; per-pod seconds to Running, and the total seconds."""
+    running: dict[ObjectKey, float] = {}
+    created: dict[ObjectKey, float] = {}
+    phases: dict[ObjectKey, str] = {}
+    wanted = set(pods)
     done = asyncio.Event()
 
     async def watch() -> None:
-        async for item in watch_objects(client, PODS, namespace=namespace):
-            if isinstance(item, Listed):
+        async for item in watch_objects(client, PODS, label_selector=f"{RUN_LABEL}={run}"):
+            if isinstance(item, Listed) or item.key not in wanted:
                 continue
-            name = item.key.name
             status = item.object.get("status", {})
-            phases[name] = status.get("phase") or "?"
-            if status.get("phase") == "Running" and name not in running:
-                running[name] = time.monotonic()
-                if len(running) == count:
+            phases[item.key] = status.get("phase") or "?"
+            if status.get("phase") == "Running" and item.key not in running:
+                running[item.key] = time.monotonic()
+                if len(running) == len(wanted):
                     done.set()
                     return
 
@@ -102,27 +112,26 @@ async def create_and_time(
     start = time.monotonic()
     sem = asyncio.Semaphore(32)
 
-    async def create(i: int) -> None:
-        name = f"p-{i:05d}"
+    async def create(key: ObjectKey) -> None:
         async with sem:
-            created[name] = time.monotonic()
-            await client.create(PODS, pod(name, node), namespace)
+            created[key] = time.monotonic()
+            await client.create(PODS, pod(key.name, run, node), key.namespace)
 
-    timeout = max(120, count)
+    timeout = max(120, len(pods))
     try:
-        await asyncio.gather(*(create(i) for i in range(count)))
+        await asyncio.gather(*(create(key) for key in pods))
         await asyncio.wait_for(done.wait(), timeout=timeout)
     except TimeoutError:
-        where = Counter(phases.get(n, "not seen") for n in created if n not in running)
+        where = Counter(phases.get(k, "not seen") for k in created if k not in running)
         raise TimedOut(
-            f"{len(running)} of {count} pods Running after {timeout}s; the others: "
+            f"{len(running)} of {len(pods)} pods Running after {timeout}s; the others: "
             + ", ".join(f"{n} {phase}" for phase, n in sorted(where.items()))
         ) from None
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     total = time.monotonic() - start
-    return [running[n] - created[n] for n in created], total
+    return [running[k] - created[k] for k in created], total
 
 
 async def wait_gone(client: KubeClient, namespace: str) -> None:
@@ -256,7 +265,10 @@ async def throughput(
             await asyncio.sleep(1.5)  # default ServiceAccount
             before = await requests_sent(port)
             try:
-                results[side] = await create_and_time(client, ns, n, node if side == "offloaded" else None)
+                keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
+                results[side] = await create_and_time(
+                    client, keys, suffix, node if side == "offloaded" else None
+                )
             finally:
                 after = await requests_sent(port)
                 await client.delete(NAMESPACES, ns)
@@ -318,30 +330,12 @@ async def many_namespaces(
             await c.create(NAMESPACES, namespace(ns))
         await asyncio.sleep(1.5)
         base_rss = rss_now(vk.pid)
-        start = time.monotonic()
-        sem = asyncio.Semaphore(32)
-
-        async def one(ns: str) -> None:
-            async with sem:
-                await c.create(PODS, pod("p", node), ns)
-
-        await asyncio.gather(*(one(ns) for ns in names))
-        phases: Counter[str] = Counter()
-        try:
-            async with asyncio.timeout(max(120, count)):
-                while True:
-                    pods = [await c.get(PODS, "p", ns) for ns in names]
-                    phases = Counter(x.get("status", {}).get("phase") or "?" for x in pods)
-                    if phases["Running"] == count:
-                        break
-                    await asyncio.sleep(1)
-        except TimeoutError:
-            raise TimedOut(f"pods after {max(120, count)}s: {dict(phases)}") from None
-        running = time.monotonic() - start
+        per_pod_times, running = await create_and_time(c, [ObjectKey(ns, "p") for ns in names], suffix, node)
         await asyncio.sleep(2)
         held, rss, latency = await watches_held(port), rss_now(vk.pid), await get_latency()
         print(
-            f"{count} namespaces, one pod each: all Running in {running:.1f}s | vk holds {held} watches, "
+            f"{count} namespaces, one pod each: all Running in {running:.1f}s "
+            f"(p99 {pct(per_pod_times, 0.99):.2f}s) | vk holds {held} watches, "
             f"RSS {rss / 2**20:.0f} MiB (before the pods {base_rss / 2**20:.0f} MiB) | "
             f"GET p50 {latency * 1000:.1f} ms",
             flush=True,

@@ -269,8 +269,8 @@ def tenants_policy() -> dict[str, Any]:
                 "messageExpression": "'a consumer may rotate its gateway key, not change its CIDRs: the "
                 "provider accepted pod CIDRs ' + variables.accepted.value().podCIDRs.join(', ') + ' and "
                 "Service CIDRs ' + variables.accepted.value().?serviceCIDRs.orValue([]).join(', ') + '; new "
-                "CIDRs need the provider (its operator writes them into the Tenant\\'s "
-                "status.acceptedNetwork)'",
+                "CIDRs need the provider: its operator accepts them with `gpuferry tenant accept-network ' + "
+                "object.metadata.name + ' --pod-cidrs ... --service-cidrs ...`'",
                 "reason": "Forbidden",
             },
         ],
@@ -316,9 +316,11 @@ def slices_policy() -> dict[str, Any]:
             {
                 "expression": f"request.operation == 'CREATE' || ({same_nodes}) || ({approved})",
                 "messageExpression": "'which nodes a slice covers (nodeSelector, tolerations) is the "
-                "provider\\'s to change: ask its operator to approve the selector (' + "
-                "variables.selector.map(k, k + '=' + variables.selector[k]).join(',') + ') with the "
-                f"annotation {APPROVED_SELECTOR_ANNOTATION} on namespace ' + namespaceObject.metadata.name",
+                "provider\\'s to change: its operator approves them with `gpuferry tenant approve ' + "
+                "object.metadata.name + ' --selector ' + "
+                "variables.selector.map(k, k + '=' + variables.selector[k]).join(' --selector ') + '` "
+                f"(the annotation {APPROVED_SELECTOR_ANNOTATION} on namespace ' + "
+                "namespaceObject.metadata.name + ')'",
                 "reason": "Forbidden",
             },
             {
@@ -326,8 +328,8 @@ def slices_policy() -> dict[str, Any]:
                 "quantity(string(object.spec.resources[l.split('=')[0]])).compareTo("
                 "quantity(l.split('=')[1])) <= 0)",
                 "messageExpression": "'a consumer may ask for at most ' + variables.limits.join(', ') + "
-                "' (the provider\\'s limit for this tenant, annotation "
-                f"{MAX_RESOURCES_ANNOTATION} on namespace ' + namespaceObject.metadata.name + ')'",
+                "' (the provider\\'s limit for this tenant; its operator changes it with `gpuferry tenant "
+                "limit ' + object.metadata.name + '`)'",
                 "reason": "Forbidden",
             },
         ],

@@ -656,8 +656,9 @@ async def test_changing_a_peering_is_a_transaction_and_running_pods_outlive_a_sh
         assert "nvidia.com/gpu=2" in err, err
         if reason == "NotTheConsumers":
             assert (
-                f"ask its operator to approve the selector ({b200}) with the annotation "
-                "sharing.gpuferry.io/approved-node-selector on namespace gpuferry-tenant-ml-eu" in err
+                f"its operator approves them with `gpuferry tenant approve ml-eu --selector {b200}` "
+                "(the annotation sharing.gpuferry.io/approved-node-selector on namespace "
+                "gpuferry-tenant-ml-eu)" in err
             ), err
         await grant_in_force("2", on_the_slice)
         info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))

@@ -458,7 +458,8 @@ def attempts(twin: str, l4_node: str) -> list[Attempt]:
             tenant_spec(network={"podCIDRs": ["172.16.0.0/12"], "serviceCIDRs": ["10.96.0.0/16"]}),
             tenants + "a consumer may rotate its gateway key, not change its CIDRs: the provider "
             "accepted pod CIDRs 10.244.0.0/16 and Service CIDRs 10.96.0.0/16; new CIDRs need the "
-            "provider (its operator writes them into the Tenant's status.acceptedNetwork)",
+            "provider: its operator accepts them with `gpuferry tenant accept-network ml-eu --pod-cidrs "
+            "... --service-cidrs ...`",
         ),
         # -- what else its Tenant says ------------------------------------------------------------
         Attempt(
@@ -484,8 +485,9 @@ def attempts(twin: str, l4_node: str) -> list[Attempt]:
             "another product for its slice",
             lambda me: me.patch(GPUSLICES, "ml-eu", {"spec": {"nodeSelector": L4_SELECTOR}}, TENANT_NS),
             slices + "which nodes a slice covers (nodeSelector, tolerations) is the provider's to change: "
-            "ask its operator to approve the selector (nvidia.com/gpu.product=NVIDIA-L4) with the "
-            f"annotation sharing.gpuferry.io/approved-node-selector on namespace {TENANT_NS}",
+            "its operator approves them with `gpuferry tenant approve ml-eu --selector "
+            "nvidia.com/gpu.product=NVIDIA-L4` (the annotation sharing.gpuferry.io/approved-node-selector "
+            f"on namespace {TENANT_NS})",
         ),
         Attempt(
             "tolerating every taint",
@@ -499,8 +501,8 @@ def attempts(twin: str, l4_node: str) -> list[Attempt]:
             lambda me: me.patch(
                 GPUSLICES, "ml-eu", {"spec": {"resources": {"nvidia.com/gpu": 5}}}, TENANT_NS
             ),
-            slices + "a consumer may ask for at most nvidia.com/gpu=4 (the provider's limit for this tenant, "
-            f"annotation sharing.gpuferry.io/max-resources on namespace {TENANT_NS})",
+            slices + "a consumer may ask for at most nvidia.com/gpu=4 (the provider's limit for this tenant; "
+            "its operator changes it with `gpuferry tenant limit ml-eu`)",
         ),
     ]
 
