@@ -204,7 +204,9 @@ def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str])
     return lines
 
 
-def vk_command(consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int) -> list[str]:
+def vk_command(
+    consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int, resync: float
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -227,6 +229,8 @@ def vk_command(consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: s
         f"pods={gpus}",
         "--metrics-port",
         str(port),
+        "--resync-seconds",
+        str(resync),
     ]
 
 
@@ -252,11 +256,14 @@ async def throughput(
     suffix: str,
     vk: subprocess.Popen[bytes],
     port: int,
+    idle: float,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
     for n in counts:
         results = {}
         lines: list[str] = []
+        offload_cpu = steady = 0.0
+        running_rss = 0
         for side, client in (("direct", p), ("offloaded", c)):
             ns = f"bench-{side}-{n}-{suffix}"
             await client.create(
@@ -264,13 +271,23 @@ async def throughput(
             )
             await asyncio.sleep(1.5)  # default ServiceAccount
             before = await requests_sent(port)
+            cpu_before = proc_stats(vk.pid)[0]
             try:
                 keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
                 results[side] = await create_and_time(
                     client, keys, suffix, node if side == "offloaded" else None
                 )
+                if side == "offloaded" and idle > 0:
+                    # nothing changes now: what the virtual kubelet spends holding N pods
+                    # (its resync period is the window: one full resync falls inside it)
+                    await asyncio.sleep(2)
+                    idle_start, start = proc_stats(vk.pid)[0], time.monotonic()
+                    await asyncio.sleep(idle)
+                    steady = (proc_stats(vk.pid)[0] - idle_start) / (time.monotonic() - start)
+                    running_rss = rss_now(vk.pid)
             finally:
                 after = await requests_sent(port)
+                cpu_running = proc_stats(vk.pid)[0]
                 await client.delete(NAMESPACES, ns)
                 # the pods hold their GPUs until they are gone: the next run needs them
                 await wait_gone(client, ns)
@@ -278,6 +295,15 @@ async def throughput(
                     await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
             if side == "offloaded":
                 lines = per_pod(before, after, n, sides)
+                # the pods' whole life on the node, create to gone, less the idle window
+                offload_cpu = proc_stats(vk.pid)[0] - cpu_before - steady * idle
+                lines.insert(0, f"  vk: {offload_cpu / n * 1000:.1f} ms CPU per pod offloaded (create to "
+                                f"gone; {(cpu_running - cpu_before - steady * idle) / n * 1000:.1f} ms "
+                                f"to Running)")  # fmt: skip
+                if idle > 0:
+                    lines.insert(1, f"  vk steady state with {n} pods Running: {steady * 100:.2f} % of a "
+                                    f"core over {idle:.0f} s (one resync in it), RSS "
+                                    f"{running_rss / 2**20:.0f} MiB")  # fmt: skip
         cpu, rss = proc_stats(vk.pid)
         d, o = results["direct"], results["offloaded"]
         print(
@@ -360,7 +386,7 @@ async def many_namespaces(
                 await c.delete(NAMESPACES, ns)
 
 
-async def bench(profile: str, counts: list[int], namespaces: int | None) -> None:
+async def bench(profile: str, counts: list[int], namespaces: int | None, idle: float) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
     suffix = uuid.uuid4().hex[:5]
@@ -370,8 +396,9 @@ async def bench(profile: str, counts: list[int], namespaces: int | None) -> None
     gpus = str(most + 10)
     port = free_port()
     log = f"/tmp/bench-vk-{suffix}.log"
+    resync = max(idle, 1.0) if idle else 300.0
     vk = subprocess.Popen(  # noqa: ASYNC220 - started once, before any timing
-        vk_command(consumer, provider, cons_id, prov_id, gpus, port),
+        vk_command(consumer, provider, cons_id, prov_id, gpus, port, resync),
         stdout=subprocess.DEVNULL,
         stderr=open(log, "w"),  # noqa: SIM115, ASYNC230
     )
@@ -400,7 +427,8 @@ async def bench(profile: str, counts: list[int], namespaces: int | None) -> None
         ):
             await wait_ready(c, node, vk, log)
             if counts:
-                await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port)
+                await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port,
+                                 idle=idle)  # fmt: skip
             if namespaces:
                 await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
@@ -441,10 +469,19 @@ def main() -> None:
     parser.add_argument("--profile", default="demo")
     parser.add_argument("--pods", type=int, action="append", help="N (repeatable; default 100 and 1000)")
     parser.add_argument("--namespaces", type=int, help="one pod in each of N namespaces, then none")
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=30.0,
+        help="seconds to measure the virtual kubelet's CPU with the N pods Running and nothing "
+        "changing (its resync period is set to this, so one full resync falls inside; 0: skip)",
+    )
     args = parser.parse_args()
+    if args.idle < 0:
+        parser.error("--idle must be 0 or more")
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
-        asyncio.run(bench(args.profile, counts, args.namespaces))
+        asyncio.run(bench(args.profile, counts, args.namespaces, args.idle))
     except KeyboardInterrupt:
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)

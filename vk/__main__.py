@@ -86,11 +86,16 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         help="approve the kubelet API's serving-certificate CSR with our own identity (local clusters only)",
     )
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
+    p.add_argument("--resync-seconds", type=float, default=300.0,
+                   help="every pod, twin and copy is reconciled again this often (300): collects "
+                        "orphans and heals what a lost event hid; each pass costs CPU per pod")  # fmt: skip
     p.add_argument("--metrics-port", type=int, default=0,
                    help="the probe port's older name: serve /metrics (with /healthz and /readyz) on "
                         "this port; wins over --probe-port when set")  # fmt: skip
     add_runtime_arguments(p)
     args = p.parse_args(argv)
+    if args.resync_seconds < 1:
+        p.error(f"--resync-seconds must be at least 1, got {args.resync_seconds:g}")
     if args.virtual_node:
         namespace, sep, name = args.virtual_node.partition("/")
         if not sep or not namespace or not name:
@@ -117,6 +122,7 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         probes=probe_settings(args),
         metrics_port=args.metrics_port,
         workers=args.workers,
+        resync_seconds=args.resync_seconds,
         consumer_client=ClientSettings.from_env(),
         provider_client=ClientSettings.from_env(),
         watch=WatchSettings.from_env(),

@@ -515,6 +515,30 @@ def test_view_fit_uses_the_pods_tolerations_and_node_selector() -> None:
     assert not view.fit(pod).ok
 
 
+def test_view_fit_follows_nodes_and_pods_after_it_answered() -> None:
+    # fits are answered from kept per-node free room and kept eligible nodes: both must follow
+    view, _ = make_view(SELECTOR)
+    feed(view, [node("h100-0", labels=H100), node("h100-1", labels=H100)], [])
+    pod = gpu_pod("p", gpus=8, phase=None)
+    assert view.fit(pod).node == "h100-0"
+    view.handle_pod(WatchEvent("ADDED", gpu_pod("a", "h100-0", gpus=1)))
+    assert view.fit(pod).node == "h100-1"  # h100-0 has 7 left
+    cordoned = node("h100-1", labels=H100)
+    cordoned["spec"]["unschedulable"] = True
+    view.handle_node(WatchEvent("MODIFIED", cordoned))
+    result = view.fit(pod)
+    assert not result.ok and "largest free block on any provider node is 7" in result.message
+    view.handle_pod(WatchEvent("DELETED", gpu_pod("a", "h100-0", gpus=1)))
+    assert view.fit(pod).node == "h100-0"
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels=H100, gpus=4)))  # allocatable shrank
+    assert not view.fit(pod).ok
+    view.handle_node(WatchEvent("MODIFIED", node("h100-1", labels=H100)))  # uncordoned
+    assert view.fit(pod).node == "h100-1"
+    view.handle_node(WatchEvent("DELETED", node("h100-1", labels=H100)))
+    assert not view.fit(pod).ok
+    assert view.fit(gpu_pod("q", gpus=4, phase=None)).node == "h100-0"
+
+
 def test_the_network_condition_follows_the_peer_networks_own() -> None:
     assert network_condition(None) == Condition(
         "NetworkReady", "True", "NoNetworkFabric",

@@ -91,3 +91,11 @@ def test_the_grants_tolerations_come_from_the_virtual_node() -> None:
     assert from_virtual_node(
         virtual_node(providerTolerations=[gpu]), secret(), BASE
     ).provider_tolerations == (gpu,)
+
+
+def test_the_resync_period_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_settings(["--virtual-node", "ns/vn"]).resync_seconds == 300.0
+    assert parse_settings(["--virtual-node", "ns/vn", "--resync-seconds", "60"]).resync_seconds == 60.0
+    with pytest.raises(SystemExit):
+        parse_settings(["--virtual-node", "ns/vn", "--resync-seconds", "0"])
+    assert "--resync-seconds must be at least 1" in capsys.readouterr().err
