@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator
 
@@ -288,3 +289,33 @@ async def test_a_long_lived_loop_can_outlive_a_permanent_error(fake: FakeApi, cl
         items.append(item)
     assert summary(items)[:2] == ["ADDED:a", "Listed@101:a"]
     assert len(fake.lists) == 3
+
+
+def _listed_objects_alive(prefix: str, fake: FakeApi) -> int:
+    """Decoded copies of the fake's objects still alive (the fake's own do not count)."""
+    gc.collect()
+    own = {id(obj) for obj in fake.objects.values()}
+    return sum(
+        1
+        for obj in gc.get_objects()
+        if isinstance(obj, dict)
+        and id(obj) not in own
+        and isinstance(obj.get("metadata"), dict)
+        and str(obj["metadata"].get("name", "")).startswith(prefix)
+    )
+
+
+async def test_the_listed_objects_are_let_go_once_handed_out(fake: FakeApi, client: KubeClient) -> None:
+    # the watch that follows a list runs for hours: the list must not stay in its frame
+    fake.put(*(f"kept-{i}" for i in range(5)))
+    fake.watch_scripts = [[Pause(30)]]
+    stream = watch_objects(client, CONFIGMAPS, namespace=NS, settings=FAST)
+    seen = 0
+    async for item in stream:
+        if isinstance(item, Listed):
+            break
+        seen += 1
+    assert seen == 5
+    del item
+    assert _listed_objects_alive("kept-", fake) == 0
+    await stream.aclose()  # type: ignore[attr-defined]
