@@ -235,7 +235,7 @@ class Gateways:
         self.tasks[key] = asyncio.create_task(gateway(), name=f"gateway {key}")
 
     async def _reconcile(self) -> None:
-        for key, obj in list(self.informer.store.items()):
+        for key, obj in self.informer.items():
             if key in self.tasks or (obj.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             if self.settings.only is not None and key != self.settings.only:

@@ -42,7 +42,7 @@ from .node.controller import NodeController
 from .reflection.accessories import AccessoryReflector
 from .reflection.addresses import PeerNetworkFollower
 from .reflection.events import EventReflector
-from .reflection.informers import consumer_pods
+from .reflection.informers import PodPhases, consumer_pods
 from .reflection.namespaced import NamespacePods
 from .reflection.pods import PodReflector
 from .reflection.podstatus import PodStatusReflector, refresh_phase_gauge
@@ -192,7 +192,12 @@ def add_pod_sync(
 
     remote.add_namespaces_handler(namespaces_changed)
     node.on_capacity_change(retry_held)
-    manager.probes.before_metrics.append(lambda: refresh_phase_gauge(local.values(), remote.values()))
+    consumer_phases, provider_phases = PodPhases(), PodPhases()
+    local.add_handler(lambda change: consumer_phases.update(change.key, change.new))
+    remote.add_handler(lambda key: provider_phases.update(key, remote.get(key)))
+    manager.probes.before_metrics.append(
+        lambda: refresh_phase_gauge(consumer_phases.counts(), provider_phases.counts())
+    )
     return pods
 
 

@@ -181,7 +181,7 @@ class PoolReconciler:
             # one bad status must not stop the decisions of the other slices
             log.error("cannot write the decision (%s, permanent): %s", decision.phase, exc)
             return
-        self.slices.store[ObjectKey.of(written)] = written
+        self.slices.put_written(written)
         log.info("%s: %s (granted %s)", decision.phase, decision.message, status["granted"] or "nothing")
         refused_before = old_status.get("refusedChange") or {}
         if decision.refused is not None and refused_before.get("generation") != generation:

@@ -80,7 +80,8 @@ class AccessoryReflector:
         now = references(pod)[self.kind] if pod is not None else set()
         before = self._refs.pop(key, set())
         if pod is not None:
-            self._refs[key] = now
+            if now:  # most pods reference none: nothing kept for them (ten thousand pods)
+                self._refs[key] = now
             self._watch_namespace(namespace)
         for name in now | before:
             self.queue.add(ObjectKey(namespace, name))

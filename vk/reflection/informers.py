@@ -4,15 +4,16 @@ The consumer side holds the pods bound to the virtual node; the provider side ho
 this consumer owns. Both are keyed by the *consumer* pod key (namespace, name), so a change on
 either side queues the same key, and a reconciler sees both objects at once.
 
-Both are :class:`kube.informers.Informer` stores of projections
+Both are compact :class:`kube.informers.Informer` stores of projections
 (:func:`kube.informers.drop_noise`: a pod without its managed fields and last-applied
-annotation, most of its bytes and read by nobody here).
+annotation, most of its bytes and read by nobody here), kept as JSON bytes: ~3 KB a pod
+instead of ~12 KB as a dict, for ten thousand pods on each side (issue 15).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from kube.clients import KubeClient
 from kube.informers import Informer, drop_noise
@@ -21,7 +22,15 @@ from kube.settings import WatchSettings
 
 from ..forge.labels import origin_of, owner_selector
 
-__all__ = ["after_each_item", "consumer_key", "consumer_pods", "pod_phases", "twin_key_for", "twin_pods"]
+__all__ = [
+    "PodPhases",
+    "after_each_item",
+    "consumer_key",
+    "consumer_pods",
+    "phase_of",
+    "twin_key_for",
+    "twin_pods",
+]
 
 
 def consumer_key(pod: RawObject) -> ObjectKey:
@@ -45,7 +54,7 @@ def twin_key_for(consumer_id: str) -> Callable[[RawObject], ObjectKey | None]:
 def consumer_pods(client: KubeClient, node: str, *, settings: WatchSettings | None = None) -> Informer:
     """The consumer pods bound to the virtual node ``node``."""
     return Informer(client, PODS, name="consumer-pods", field_selector=f"spec.nodeName={node}",
-                    key_of=consumer_key, project=drop_noise, settings=settings)  # fmt: skip
+                    key_of=consumer_key, project=drop_noise, settings=settings, compact=True)  # fmt: skip
 
 
 def twin_pods(
@@ -60,16 +69,33 @@ def twin_pods(
     """The twins of ``consumer_id``'s pods (in ``namespace``, or everywhere), by consumer key."""
     return Informer(client, PODS, name=name, namespace=namespace, label_selector=owner_selector(consumer_id),
                     key_of=twin_key_for(consumer_id), project=drop_noise, settings=settings,
-                    retry_permanent=retry_permanent)  # fmt: skip
+                    retry_permanent=retry_permanent, compact=True)  # fmt: skip
 
 
-def pod_phases(pods: Iterable[RawObject]) -> dict[str, int]:
-    """How many pods are in each phase (``Pending`` when none is reported yet)."""
-    counts: dict[str, int] = {}
-    for pod in pods:
-        phase = str((pod.get("status") or {}).get("phase") or "Pending")
-        counts[phase] = counts.get(phase, 0) + 1
-    return counts
+def phase_of(pod: RawObject) -> str:
+    """A pod's phase (``Pending`` when none is reported yet)."""
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+class PodPhases:
+    """The phase of each pod of an informer, kept as it changes: counting them walks a dict of
+    strings, not every pod (which a compact store would decode)."""
+
+    def __init__(self) -> None:
+        self._phases: dict[ObjectKey, str] = {}
+
+    def update(self, key: ObjectKey, pod: RawObject | None) -> None:
+        if pod is None:
+            self._phases.pop(key, None)
+        else:
+            self._phases[key] = phase_of(pod)
+
+    def counts(self) -> dict[str, int]:
+        """How many pods are in each phase."""
+        counts: dict[str, int] = {}
+        for phase in self._phases.values():
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
 
 
 def after_each_item(informer: Informer, callback: Callable[[], None]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -35,7 +35,6 @@ from kube.reconciling import Requeue
 from ..forge.addresses import identity
 from ..forge.labels import origin_of
 from ..forge.podstatus import local_status, status_patch
-from .informers import pod_phases
 
 __all__ = ["OFFLOAD_LATENCY", "PODS_BY_PHASE", "PodStatusReflector", "observe_since", "refresh_phase_gauge"]
 
@@ -76,18 +75,28 @@ class PodStatusReflector:
         self.node_address = node_address
         self.remap_ip = remap_ip
         """The fabric's view of a twin's address from the consumer (set by the PeerNetwork follower)."""
+        self._in_sync: dict[ObjectKey, tuple[object, ...]] = {}
+        """Pods whose status needed no patch, with what it was computed from (both resource
+        versions and the address view): a resync finds them so without computing it again."""
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         local, remote = self.local.get(key), self.twins.get(key)
         if local is None or remote is None or local["metadata"].get("deletionTimestamp"):
+            self._in_sync.pop(key, None)
             return None
         origin = origin_of(remote)
         if origin is None or origin.uid != local["metadata"]["uid"]:
             return None  # an older pod's twin: pods-to-remote replaces it
+        versions = (local["metadata"].get("resourceVersion"), remote["metadata"].get("resourceVersion"))
+        seen = (*versions, self.remap_ip)
+        if seen[0] is not None and seen[1] is not None and self._in_sync.get(key) == seen:
+            return None  # the same inputs as the last pass, which found nothing to write
         new_status = local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=local)
         patch = status_patch(local.get("status") or {}, new_status)
         if patch is None:
+            self._in_sync[key] = seen
             return None
+        self._in_sync.pop(key, None)
         meta = local["metadata"]
         await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
         old_phase = (local.get("status") or {}).get("phase")
@@ -98,11 +107,12 @@ class PodStatusReflector:
         return None
 
 
-def refresh_phase_gauge(local: Iterable[RawObject], remote: Iterable[RawObject]) -> None:
-    """Set ``vk_pods{side,phase}`` from the informers (called before each /metrics scrape)."""
+def refresh_phase_gauge(local: Mapping[str, int], remote: Mapping[str, int]) -> None:
+    """Set ``vk_pods{side,phase}`` from the pods per phase of each side (called before each
+    /metrics scrape)."""
     PODS_BY_PHASE.clear()
-    for side, pods in (("consumer", local), ("provider", remote)):
-        for phase, count in pod_phases(pods).items():
+    for side, counts in (("consumer", local), ("provider", remote)):
+        for phase, count in counts.items():
             PODS_BY_PHASE.labels(side, phase).set(count)
 
 

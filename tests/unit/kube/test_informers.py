@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tracemalloc
 from typing import Any
+
+import orjson
+import pytest
 
 from kube.clients import KubeClient
 from kube.informers import Change, Informer, drop_noise
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
+from kube.watching import WatchEvent
 
 from .fakeapi import NS, FakeApi, Pause, configmap, error_event, event
 
@@ -29,11 +34,14 @@ async def until(condition: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_relist_after_410_turns_what_vanished_into_deletions(fake: FakeApi, client: KubeClient) -> None:
+@pytest.mark.parametrize("compact", [False, True], ids=["dicts", "compact"])
+async def test_relist_after_410_turns_what_vanished_into_deletions(
+    fake: FakeApi, client: KubeClient, compact: bool
+) -> None:
     fake.put("a", "b")
     modified = configmap("a", 103, size="big")
     fake.watch_scripts = [[event("MODIFIED", modified), error_event(410, "Expired")], [Pause(30)]]
-    informer = Informer(client, CONFIGMAPS, namespace=NS, settings=FAST)
+    informer = Informer(client, CONFIGMAPS, namespace=NS, settings=FAST, compact=compact, decoded=1)
     changes: list[Change] = []
 
     def record(change: Change) -> None:
@@ -61,8 +69,9 @@ async def test_relist_after_410_turns_what_vanished_into_deletions(fake: FakeApi
     assert sorted(k.name for k in informer) == ["a", "d"]
 
 
+@pytest.mark.parametrize("compact", [False, True], ids=["dicts", "compact"])
 async def test_a_deletion_never_drops_the_successor_filed_under_the_same_key(
-    fake: FakeApi, client: KubeClient
+    fake: FakeApi, client: KubeClient, compact: bool
 ) -> None:
     def slot(obj: dict[str, Any]) -> ObjectKey | None:
         value = (obj.get("data") or {}).get("slot")
@@ -85,6 +94,8 @@ async def test_a_deletion_never_drops_the_successor_filed_under_the_same_key(
         key_of=slot,
         settings=FAST,
         project=lambda obj: {"data": obj.get("data"), "metadata": {"name": obj["metadata"]["name"]}},
+        compact=compact,
+        decoded=1,
     )
     changes: list[Change] = []
     informer.add_handler(changes.append)
@@ -133,3 +144,49 @@ def test_the_default_projection_drops_managed_fields_and_last_applied() -> None:
     assert obj["metadata"]["managedFields"], "the watched object itself is not changed"
     plain = {"metadata": {"name": "b"}}
     assert drop_noise(plain) is plain
+
+
+def test_a_compact_store_holds_bytes_and_gives_back_what_it_was_given() -> None:
+    informer = Informer(None, CONFIGMAPS, compact=True, decoded=2)  # type: ignore[arg-type]
+    objects = [configmap(f"cm-{i}", 100 + i, size="big") for i in range(4)]
+    changes: list[Change] = []
+    informer.add_handler(changes.append)
+    for obj in objects:
+        informer._apply(WatchEvent("ADDED", obj))
+    assert all(isinstance(raw, bytes) for raw in informer._store.values())
+    assert len(informer._decoded) == 2  # the last two changed, as dicts; the others as bytes only
+    for obj in objects:
+        assert informer.get(ObjectKey.of(obj)) == drop_noise(obj)
+    assert sorted(k.name for k, _ in informer.items()) == [f"cm-{i}" for i in range(4)]
+    newer = configmap("cm-0", 200)
+    informer._apply(WatchEvent("MODIFIED", newer))
+    modified = changes[-1]
+    assert modified.type == "MODIFIED" and modified.new == drop_noise(newer)
+    assert modified.old == drop_noise(objects[0])  # decoded from the bytes it had
+    informer._apply(WatchEvent("DELETED", newer))
+    assert changes[-1].old == drop_noise(newer) and informer.get(ObjectKey.of(newer)) is None
+    written = configmap("cm-9", 300)
+    informer.put_written(written)
+    assert informer.get(ObjectKey.of(written)) == drop_noise(written)
+    assert len(changes) == 6  # a write of ours calls no handler
+
+
+def test_a_compact_store_costs_about_the_json_of_what_it_holds() -> None:
+    informer = Informer(None, CONFIGMAPS, compact=True, decoded=1)  # type: ignore[arg-type]
+    objects = []
+    for i in range(200):
+        obj = configmap(f"cm-{i}", 100 + i)
+        obj["data"] = {"payload": "v" * 2000, "i": str(i)}
+        objects.append(obj)
+    size = len(orjson.dumps(drop_noise(objects[0])))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for obj in objects:
+            informer._apply(WatchEvent("ADDED", obj))
+        per_object = (tracemalloc.get_traced_memory()[0] - before) / len(objects)
+    finally:
+        tracemalloc.stop()
+    # the JSON and a few hundred bytes of bookkeeping (keys, uid); orjson's own buffer would
+    # add its unused growth room (twice the size here)
+    assert per_object < size + 600, (per_object, size)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kube.objects import ObjectKey
 from vk.forge.podstatus import (
     Explanation,
     local_status,
@@ -9,6 +10,7 @@ from vk.forge.podstatus import (
     status_patch,
     status_patch_needed,
 )
+from vk.reflection.informers import PodPhases
 
 HOST = "10.0.0.42"
 UNSCHEDULABLE = "0/7 nodes are available: 7 Insufficient nvidia.com/gpu"
@@ -222,3 +224,14 @@ def test_status_patch() -> None:
     assert patch["status"]["phase"] == "Running"
     assert "qosClass" not in patch["status"] and "nominatedNodeName" not in patch["status"]
     assert status_patch_needed(pending, new)
+
+
+def test_pods_per_phase_follow_the_changes_not_the_store() -> None:
+    phases = PodPhases()
+    a, b = ObjectKey("ml", "a"), ObjectKey("ml", "b")
+    phases.update(a, {"metadata": {"name": "a"}})
+    phases.update(b, {"metadata": {"name": "b"}, "status": {"phase": "Running"}})
+    assert phases.counts() == {"Pending": 1, "Running": 1}
+    phases.update(a, {"metadata": {"name": "a"}, "status": {"phase": "Running"}})
+    phases.update(b, None)
+    assert phases.counts() == {"Running": 1}

@@ -8,6 +8,7 @@ from typing import Any
 
 from kube.informers import Informer
 from kube.objects import PODS, ObjectKey
+from kube.watching import WatchEvent
 from vk.forge.pods import ForgeOptions, remote_pod
 from vk.reflection.podstatus import PodStatusReflector
 
@@ -62,9 +63,9 @@ def _twin_of(pod: dict[str, Any], *, phase: str = "Running") -> dict[str, Any]:
 def _reflector(
     local: dict[str, Any] | None, twin: dict[str, Any] | None
 ) -> tuple[PodStatusReflector, Consumer]:
-    informer = Informer(None, PODS)  # no client: its store is filled by hand
+    informer = Informer(None, PODS, compact=True)  # no client: fed by hand, as its watch would
     if local is not None:
-        informer.store[KEY] = local
+        informer._apply(WatchEvent("ADDED", local))
     consumer = Consumer()
     reflector = PodStatusReflector(consumer=consumer, local=informer,
                                    twins=Twins(twin), node_address=NODE_ADDRESS,
@@ -105,3 +106,26 @@ async def test_only_the_pods_own_twin_its_life_and_no_terminating_pod_are_reflec
         reflector, consumer = _reflector(pod, twin)
         assert await reflector.reconcile(KEY) is None
         assert consumer.patches == [], "pods-to-remote owns these states"
+
+
+async def test_a_pass_that_found_nothing_is_redone_when_either_pod_or_the_view_changes() -> None:
+    # a resync skips a pair whose versions did not move; any change makes it look again
+    local = _consumer_pod()
+    local["metadata"]["resourceVersion"] = "10"
+    twin = _twin_of(local)
+    twin["metadata"]["resourceVersion"] = "20"
+    reflector, consumer = _reflector(local, twin)
+    await reflector.reconcile(KEY)
+    local = {**local, "status": consumer.patches[0][1]["status"],
+             "metadata": {**local["metadata"], "resourceVersion": "11"}}  # fmt: skip
+    reflector.local._apply(WatchEvent("MODIFIED", local))
+    await reflector.reconcile(KEY)
+    await reflector.reconcile(KEY)
+    assert len(consumer.patches) == 1  # in sync, twice
+    reflector.remap_ip = lambda ip: ip.replace("10.244.", "10.99.")  # the fabric's view moved
+    await reflector.reconcile(KEY)
+    assert consumer.patches[-1][1]["status"]["podIP"] == "10.99.3.7"
+    twin["status"]["phase"] = "Succeeded"  # the same object, a new version
+    twin["metadata"]["resourceVersion"] = "21"
+    await reflector.reconcile(KEY)
+    assert consumer.patches[-1][1]["status"]["phase"] == "Succeeded"
