@@ -101,6 +101,9 @@ class PodReflector:
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
         self._block_waiting: dict[ObjectKey, ResourceList] = {}
         """Pods held because no provider node of the grant has a block as large as they are."""
+        self._in_sync: dict[ObjectKey, tuple[object, ...]] = {}
+        """Pods whose twin needed no patch, with both resource versions then: a resync (every
+        pod, every few minutes) finds them so without forging the twin again (issue 15)."""
 
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""
@@ -113,6 +116,8 @@ class PodReflector:
         gone = local is None or bool(local["metadata"].get("deletionTimestamp"))
         if gone and (self._quota_waiting.pop(key, None), self._block_waiting.pop(key, None)) != (None, None):
             await self._report_demand(key.namespace or "")
+        if local is None or remote is None:
+            self._in_sync.pop(key, None)
         if local is None:
             self._events_sent.pop(key, None)
             if remote is not None:
@@ -128,7 +133,13 @@ class PodReflector:
         if origin is None or origin.uid != local["metadata"]["uid"]:
             await self._delete_twin(remote, grace=0, why="stale", log=log)
             return None
-        await self._update(local, remote, log)
+        seen = (local["metadata"].get("resourceVersion"), remote["metadata"].get("resourceVersion"))
+        if seen[0] is not None and seen[1] is not None and self._in_sync.get(key) == seen:
+            return None  # the same pair as the last pass, which found nothing to patch
+        if await self._update(local, remote, log):
+            self._in_sync.pop(key, None)
+        else:
+            self._in_sync[key] = seen
         return None
 
     # ---- deletion ------------------------------------------------------------------------------
@@ -294,12 +305,15 @@ class PodReflector:
 
     # ---- updates -------------------------------------------------------------------------------
 
-    async def _update(self, local: RawObject, remote: RawObject, log: Any) -> None:
+    async def _update(self, local: RawObject, remote: RawObject, log: Any) -> bool:
+        """Patch the twin with what changed on the pod; whether there was anything."""
         spec_patch = remote_pod_update(local, remote, self.opts)
-        if spec_patch is not None:
-            meta = remote["metadata"]
-            await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"])
-            log.info("twin updated: %s", sorted(spec_patch))
+        if spec_patch is None:
+            return False
+        meta = remote["metadata"]
+        await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"])
+        log.info("twin updated: %s", sorted(spec_patch))
+        return True
 
     async def _event(self, local: RawObject, type_: str, reason: str, message: str) -> None:
         meta = local["metadata"]
