@@ -85,7 +85,11 @@ class TimedOut(Exception):
 
 
 async def create_and_time(
-    client: KubeClient, pods: list[ObjectKey], run: str, node: str | None = None
+    client: KubeClient,
+    pods: list[ObjectKey],
+    run: str,
+    node: str | None = None,
+    vk: subprocess.Popen[bytes] | None = None,
 ) -> tuple[list[float], float]:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
     every namespace; per-pod seconds to Running, and the total seconds."""
@@ -120,7 +124,15 @@ async def create_and_time(
     timeout = max(120, len(pods))
     try:
         await asyncio.gather(*(create(key) for key in pods))
-        await asyncio.wait_for(done.wait(), timeout=timeout)
+        async with asyncio.timeout(timeout):
+            while not done.is_set():
+                if vk is not None and vk.poll() is not None:
+                    raise TimedOut(
+                        f"the virtual kubelet exited ({vk.returncode}) with {len(running)} of "
+                        f"{len(pods)} pods Running"
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), 1.0)
     except TimeoutError:
         where = Counter(phases.get(k, "not seen") for k in created if k not in running)
         raise TimedOut(
@@ -266,16 +278,14 @@ async def throughput(
         running_rss = 0
         for side, client in (("direct", p), ("offloaded", c)):
             ns = f"bench-{side}-{n}-{suffix}"
-            await client.create(
-                NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            )
+            await client.create(NAMESPACES, namespace(ns))  # labelled: the final cleanup finds it
             await asyncio.sleep(1.5)  # default ServiceAccount
             before = await requests_sent(port)
             cpu_before = proc_stats(vk.pid)[0]
             try:
                 keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
                 results[side] = await create_and_time(
-                    client, keys, suffix, node if side == "offloaded" else None
+                    client, keys, suffix, node if side == "offloaded" else None, vk
                 )
                 if side == "offloaded" and idle > 0:
                     # nothing changes now: what the virtual kubelet spends holding N pods
@@ -286,13 +296,16 @@ async def throughput(
                     steady = (proc_stats(vk.pid)[0] - idle_start) / (time.monotonic() - start)
                     running_rss = rss_now(vk.pid)
             finally:
-                after = await requests_sent(port)
-                cpu_running = proc_stats(vk.pid)[0]
+                alive = vk.poll() is None
+                after = await requests_sent(port) if alive else {}
+                cpu_running = proc_stats(vk.pid)[0] if alive else 0.0
                 await client.delete(NAMESPACES, ns)
                 # the pods hold their GPUs until they are gone: the next run needs them
                 await wait_gone(client, ns)
-                if side == "offloaded":  # and the twins too
+                if side == "offloaded" and alive:  # and the twins too
                     await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
+            if not alive:
+                raise TimedOut(f"the virtual kubelet exited ({vk.returncode}) during the {side} run")
             if side == "offloaded":
                 lines = per_pod(before, after, n, sides)
                 # the pods' whole life on the node, create to gone, less the idle window
@@ -356,7 +369,9 @@ async def many_namespaces(
             await c.create(NAMESPACES, namespace(ns))
         await asyncio.sleep(1.5)
         base_rss = rss_now(vk.pid)
-        per_pod_times, running = await create_and_time(c, [ObjectKey(ns, "p") for ns in names], suffix, node)
+        per_pod_times, running = await create_and_time(
+            c, [ObjectKey(ns, "p") for ns in names], suffix, node, vk
+        )
         await asyncio.sleep(2)
         held, rss, latency = await watches_held(port), rss_now(vk.pid), await get_latency()
         print(
@@ -485,7 +500,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
-    except (TimedOut, TimeoutError, KubeError) as exc:
+    except (TimedOut, TimeoutError, KubeError, aiohttp.ClientError, OSError) as exc:
         print(f"benchmark stopped: {str(exc) or type(exc).__name__}", file=sys.stderr)
         sys.exit(1)
 
