@@ -78,8 +78,14 @@ class TokenReflector:
         self.queue.add(key)
 
     def resync(self) -> None:
+        """Look again at every pod whose token is not fresh. A fresh token's renewal is queued
+        for its time already: looking at it now only re-arms that timer (issue 15: ten
+        thousand tokens made ten thousand queue passes every resync)."""
+        now = time.time()
         for key in {*self._written, *self._renew_at}:
-            self.queue.add(key)
+            due = self._renew_at.get(key)
+            if due is None or due <= now or key not in self._written:
+                self.queue.add(key)
 
     async def _ca(self, namespace: str) -> str:
         read = self._cas.get(namespace)

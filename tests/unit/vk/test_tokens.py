@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import base64
+import time
 from typing import Any
 
+import pytest
+
+from kube.informers import Informer
+from kube.objects import PODS, ObjectKey
+from kube.watching import WatchEvent
 from vk.forge.pods import ForgeOptions, remote_pod
 from vk.forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
+from vk.reflection.tokens import TokenReflector
 
 KUBE_API_ACCESS: dict[str, Any] = {
     "name": "kube-api-access-x7k2p",
@@ -89,3 +96,41 @@ def test_long_pod_names_still_make_valid_secret_names() -> None:
     name = token_secret_name("p" * 253)
     assert len(name) <= 253 and name.endswith("-gpuferry-token")
     assert name != token_secret_name("p" * 252)
+
+
+class _Consumer:
+    """Answers TokenRequests and the CA read (a stand-in for the consumer's API server)."""
+
+    async def create(self, resource: Any, body: Any, namespace: str | None = None, **_: Any) -> Any:
+        return {"status": {"token": "t", "expirationTimestamp": "2999-01-01T00:00:00Z"}}
+
+    async def get(self, resource: Any, name: str, namespace: str | None = None) -> Any:
+        return {"data": {"ca.crt": "CA"}}
+
+
+class _Provider:
+    """Records the Secrets written (a stand-in for the provider's API server)."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+
+    async def create(self, resource: Any, body: Any, namespace: str | None = None, **_: Any) -> Any:
+        self.created.append(body["metadata"]["name"])
+        return body
+
+
+async def test_a_resync_leaves_fresh_tokens_to_their_renewal_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
+    pods._apply(WatchEvent("ADDED", consumer_pod()))
+    provider = _Provider()
+    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
+                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    key = ObjectKey("ml", "train-0")
+    again = await reflector.reconcile(key)
+    assert provider.created == [token_secret_name("train-0")] and again is not None
+    reflector.resync()
+    assert len(reflector.queue) == 0  # fresh: its renewal is already due later, nothing to look at
+    later = time.time() + again.after + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    reflector.resync()
+    assert len(reflector.queue) == 1  # due: looked at now
