@@ -58,6 +58,11 @@ def drop_noise(obj: RawObject) -> RawObject:
     return {**obj, "metadata": kept}
 
 
+def _identity(obj: RawObject) -> tuple[str | None, str | None]:
+    metadata = obj.get("metadata") or {}
+    return metadata.get("uid"), metadata.get("resourceVersion")
+
+
 class Change:
     """One change of the store: ``old`` is None for an addition, ``new`` None for a deletion.
 
@@ -131,9 +136,9 @@ class Informer:
         """Compact only: the last ``decoded`` objects read or changed, as dicts (LRU)."""
         self._decoded_max = max(1, decoded)
         self._filed: dict[ObjectKey, ObjectKey] = {}  # an object's own key -> the key it is filed under
-        self._uids: dict[
-            ObjectKey, str | None
-        ] = {}  # filed key -> uid of the stored object (projections drop it)
+        self._uids: dict[ObjectKey, tuple[str | None, str | None]] = {}
+        """Filed key -> (uid, resourceVersion) of the stored object, read without decoding it
+        (and kept whatever the projection drops)."""
         self._handlers: list[Callable[[Change], None]] = []
         self._event_handlers: list[Callable[[WatchEvent | Listed], None]] = []
         self.synced = asyncio.Event()
@@ -177,6 +182,10 @@ class Informer:
     def keys(self) -> list[ObjectKey]:
         return list(self._store)
 
+    def resource_version(self, key: ObjectKey) -> str | None:
+        """The ``resourceVersion`` of the object stored under ``key`` (no decoding)."""
+        return (self._uids.get(key) or (None, None))[1]
+
     def items(self) -> list[tuple[ObjectKey, RawObject]]:
         return [(key, obj) for key in list(self._store) if (obj := self.get(key)) is not None]
 
@@ -188,7 +197,7 @@ class Informer:
         if key is None:
             return
         self._put(key, self.project(obj))
-        self._uids[key] = (obj.get("metadata") or {}).get("uid")
+        self._uids[key] = _identity(obj)
         self._filed[ObjectKey.of(obj)] = key
 
     def values(self) -> list[RawObject]:
@@ -230,7 +239,7 @@ class Informer:
         if item.type == "DELETED":
             # a deletion of an older object filed under the same key must not drop its successor
             self._filed.pop(item.key, None)
-            if present and self._uids.get(key) == uid:
+            if present and (self._uids.get(key) or (None, None))[0] == uid:
                 old = self._drop(key)
                 del self._uids[key]
                 self._emit(Change("DELETED", key, old, None))
@@ -238,7 +247,7 @@ class Informer:
         old = self._drop(key) if present and self.compact else self._store.get(key)
         new = self.project(item.object)
         self._put(key, new)
-        self._uids[key] = uid
+        self._uids[key] = _identity(item.object)
         self._filed[item.key] = key
         self._emit(Change("MODIFIED" if present else "ADDED", key, old, new))
 

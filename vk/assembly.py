@@ -317,7 +317,10 @@ def add_resync(manager: Manager, settings: VirtualKubeletSettings, *, pods: PodS
         while True:
             await asyncio.sleep(settings.resync_seconds)
             for key in {*pods.reflector.local.keys(), *pods.reflector.remote.keys()}:
-                pods.add(key)
+                # a pair whose versions did not move since a pass found nothing to do would
+                # find nothing again: skipped without decoding it (issue 15, ten thousand pods)
+                if not (pods.reflector.settled(key) and pods.status.settled(key)):
+                    pods.add(key)
             for copier in copiers:
                 copier.resync()
 

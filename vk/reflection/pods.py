@@ -105,6 +105,15 @@ class PodReflector:
         """Pods whose twin needed no patch, with both resource versions then: a resync (every
         pod, every few minutes) finds them so without forging the twin again (issue 15)."""
 
+    def settled(self, key: ObjectKey) -> bool:
+        """Whether the last pass over ``key`` found nothing to do and neither pod changed
+        since (read from the stores' resource versions, without decoding either pod)."""
+        seen = self._in_sync.get(key)
+        return seen is not None and seen == (
+            self.local.resource_version(key),
+            self.remote.resource_version(key),
+        )
+
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""
         return list(self._gated)

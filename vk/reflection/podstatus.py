@@ -55,6 +55,7 @@ class Twins(Protocol):
 
     def get(self, key: ObjectKey) -> RawObject | None: ...
     def values(self) -> list[RawObject]: ...
+    def resource_version(self, key: ObjectKey) -> str | None: ...
 
 
 class PodStatusReflector:
@@ -78,6 +79,16 @@ class PodStatusReflector:
         self._in_sync: dict[ObjectKey, tuple[object, ...]] = {}
         """Pods whose status needed no patch, with what it was computed from (both resource
         versions and the address view): a resync finds them so without computing it again."""
+
+    def settled(self, key: ObjectKey) -> bool:
+        """Whether the last pass over ``key`` found nothing to write and neither pod nor the
+        address view changed since (without decoding either pod)."""
+        seen = self._in_sync.get(key)
+        return seen is not None and seen == (
+            self.local.resource_version(key),
+            self.twins.resource_version(key),
+            self.remap_ip,
+        )
 
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         local, remote = self.local.get(key), self.twins.get(key)

@@ -114,6 +114,16 @@ class TwinNamespaces:
     def keys(self) -> list[ObjectKey]:
         return [key for informer in self._pods.values() for key in informer]
 
+    def resource_version(self, key: ObjectKey) -> str | None:
+        twin = self.mapping.get(key.namespace or "")
+        informer = self._pods.get(twin) if twin else None
+        if informer is not None and key in informer:
+            return informer.resource_version(key)
+        for other in self._pods.values():
+            if key in other:
+                return other.resource_version(key)
+        return None
+
     def values(self) -> list[RawObject]:
         return [pod for informer in self._pods.values() for pod in informer.values()]
 

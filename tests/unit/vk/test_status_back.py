@@ -45,6 +45,10 @@ class Twins:
     def values(self) -> list[dict[str, Any]]:
         return list(self.pods.values())
 
+    def resource_version(self, key: ObjectKey) -> str | None:
+        pod = self.pods.get(key)
+        return pod["metadata"].get("resourceVersion") if pod is not None else None
+
 
 def _consumer_pod() -> dict[str, Any]:
     pod = gpu_pod("train-0", VIRTUAL_NODE, phase="Pending")
@@ -119,13 +123,17 @@ async def test_a_pass_that_found_nothing_is_redone_when_either_pod_or_the_view_c
     local = {**local, "status": consumer.patches[0][1]["status"],
              "metadata": {**local["metadata"], "resourceVersion": "11"}}  # fmt: skip
     reflector.local._apply(WatchEvent("MODIFIED", local))
+    assert not reflector.settled(KEY)  # the consumer pod changed since the pass
     await reflector.reconcile(KEY)
     await reflector.reconcile(KEY)
     assert len(consumer.patches) == 1  # in sync, twice
+    assert reflector.settled(KEY)  # a resync skips it
     reflector.remap_ip = lambda ip: ip.replace("10.244.", "10.99.")  # the fabric's view moved
+    assert not reflector.settled(KEY)
     await reflector.reconcile(KEY)
     assert consumer.patches[-1][1]["status"]["podIP"] == "10.99.3.7"
     twin["status"]["phase"] = "Succeeded"  # the same object, a new version
     twin["metadata"]["resourceVersion"] = "21"
+    assert not reflector.settled(KEY)
     await reflector.reconcile(KEY)
     assert consumer.patches[-1][1]["status"]["phase"] == "Succeeded"
