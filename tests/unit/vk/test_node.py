@@ -587,3 +587,18 @@ def test_a_pod_waiting_on_a_withdrawn_grant_is_told_so() -> None:
         "the provider grants nothing now (GPUSlice Denied: NoMatchingNodes: no schedulable node matches)"
     )
     assert "none is Ready" not in result.message
+
+
+def test_the_view_watches_only_the_nodes_the_grant_picks() -> None:
+    view, _ = make_view({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "b": "2"})
+    assert view.node_label_selector == "b=2,nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+    assert make_view()[0].node_label_selector is None  # no selector: every node
+
+
+def test_pods_asking_the_same_share_one_request() -> None:
+    view, _ = make_view(SELECTOR)
+    feed(view, fleet(), [gpu_pod("a", "h100-0", gpus=2), gpu_pod("b", "h100-1", gpus=2),
+                         gpu_pod("c", "h100-1", gpus=1)])  # fmt: skip
+    requests = {key.name: request for key, (_, request) in view._pods.items()}
+    assert requests["a"] is requests["b"] and requests["a"] is not requests["c"]
+    assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 5}  # shared, never changed
