@@ -209,6 +209,12 @@ def _max(into: ResourceList, other: Mapping[str, Decimal]) -> None:
             into[name] = amount
 
 
+def covers(free: Mapping[str, Decimal], request: Mapping[str, Decimal]) -> bool:
+    """Whether ``free`` has all of ``request`` (:func:`fits` finds nothing missing), without
+    building the list: the check a fit makes per node, thousands of times in a burst."""
+    return all(amount <= 0 or amount <= free.get(name, Decimal(0)) for name, amount in request.items())
+
+
 def fits(request: Mapping[str, Decimal], free: Mapping[str, Decimal]) -> list[str]:
     """Names (sorted) of the resources of ``request`` that ``free`` cannot cover.
 

@@ -20,7 +20,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from kube.quantities import ResourceList, add, fits, format_quantity, parse_resource_list, pod_requests, sub
+from kube.quantities import (
+    ResourceList,
+    add,
+    covers,
+    fits,
+    format_quantity,
+    parse_resource_list,
+    pod_requests,
+    sub,
+)
 from kube.taints import BLOCKING_EFFECTS, format_taint, tolerates
 
 __all__ = [
@@ -189,7 +198,7 @@ def fits_somewhere(
             "no provider node can take pods (none is Ready, uncordoned and untainted)",
         )
     for name in sorted(per_node_free):
-        if not fits(request, per_node_free[name]):
+        if covers(per_node_free[name], request):
             return FitResult(True, "Fits", f"fits on provider node {name}", name)
     largest = _largest(per_node_free)
     count = len(per_node_free)

@@ -26,7 +26,7 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.objects import NODES, PODS, ObjectKey, RawObject, Resource
-from kube.quantities import ResourceList, add, parse_resource_list, sub
+from kube.quantities import ResourceList, add, covers, parse_resource_list, sub
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent, watch_objects
 
@@ -41,7 +41,6 @@ logger = logging.getLogger(__name__)
 POD_FIELD_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 _ELIGIBLE_CACHE = 64
 """Distinct (selector, tolerations) pairs whose eligible nodes are kept at once."""
-_ZERO = Decimal(0)
 _SHARED_REQUESTS = 256
 """Distinct pod requests kept as one shared dict each."""
 
@@ -161,11 +160,9 @@ class ProviderView:
         }
         tolerations = list(spec.get("tolerations") or ())
         request = placement_request(pod)
-        wanted = {name: amount for name, amount in request.items() if amount > 0}
         names = self._eligible_names({**self.selector, **selector}, [*self.tolerations, *tolerations])
         for name in names:  # the first that fits, in name order, as fits_somewhere picks it
-            free = self._free.get(name, {})
-            if all(amount <= free.get(resource, _ZERO) for resource, amount in wanted.items()):
+            if covers(self._free.get(name, {}), request):
                 return FitResult(True, "Fits", f"fits on provider node {name}", name)
         if not names and self.not_granted is not None:
             return FitResult(False, "NothingGranted", self.not_granted)

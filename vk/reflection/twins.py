@@ -101,31 +101,27 @@ class TwinNamespaces:
         informer = self._pods.get(twin)
         return informer is not None and informer.synced.is_set()
 
-    def get(self, key: ObjectKey) -> RawObject | None:
+    def _holding(self, key: ObjectKey) -> Informer | None:
+        """The informer of the twin namespace that holds ``key``'s twin (None: none does)."""
         twin = self.mapping.get(key.namespace or "")
         informer = self._pods.get(twin) if twin else None
         if informer is not None:
-            return informer.get(key)
+            return informer
         for other in self._pods.values():  # a namespace on its way out still has its twins
-            if (found := other.get(key)) is not None:
-                return found
+            if key in other:
+                return other
         return None
+
+    def get(self, key: ObjectKey) -> RawObject | None:
+        informer = self._holding(key)
+        return informer.get(key) if informer is not None else None
 
     def keys(self) -> list[ObjectKey]:
         return [key for informer in self._pods.values() for key in informer]
 
     def resource_version(self, key: ObjectKey) -> str | None:
-        twin = self.mapping.get(key.namespace or "")
-        informer = self._pods.get(twin) if twin else None
-        if informer is not None and key in informer:
-            return informer.resource_version(key)
-        for other in self._pods.values():
-            if key in other:
-                return other.resource_version(key)
-        return None
-
-    def values(self) -> list[RawObject]:
-        return [pod for informer in self._pods.values() for pod in informer.values()]
+        informer = self._holding(key)
+        return informer.resource_version(key) if informer is not None else None
 
     def __len__(self) -> int:
         return sum(len(informer) for informer in self._pods.values())

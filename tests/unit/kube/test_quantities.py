@@ -8,6 +8,7 @@ import pytest
 from kube.quantities import (
     add,
     container_requests,
+    covers,
     fits,
     format_quantity,
     format_resource_list,
@@ -137,6 +138,11 @@ def test_add_sub_fits() -> None:
     }
     assert fits(request, free) == ["cpu", "nvidia.com/mig-1g.10gb"]
     assert fits({"nvidia.com/gpu": Decimal(2)}, free) == []
+    # covers() is fits() finding nothing missing, for every case above
+    assert not covers(free, request)
+    assert covers(free, {"nvidia.com/gpu": Decimal(2), "memory": Decimal(0)})
+    assert not covers(free, {"nvidia.com/mig-1g.10gb": Decimal(1)})  # absent from free: none free
+    assert covers({}, {"cpu": Decimal(-1)})  # zero or negative requests always fit
 
 
 def test_limits_only_extended_resources_count_as_requests() -> None:
