@@ -29,10 +29,11 @@ containerd_dir=$cache/containerd-$CONTAINERD_VERSION
 cni_dir=$cache/cni-plugins-$CNI_PLUGINS_VERSION
 coredns_dir=$cache/coredns-$COREDNS_VERSION
 metrics_dir=$cache/metrics-server-$METRICS_SERVER_VERSION
+kueue_dir=$cache/kueue-$KUEUE_VERSION
 
 if [[ "${1:-}" == "--print-bin-dirs" ]]; then
   printf '%s\n' "$k8s_dir/bin" "$etcd_dir/bin" "$kwok_dir/bin" "$helm_dir/bin" "$node_dir/bin" \
-    "$containerd_dir/bin" "$cni_dir/bin" "$coredns_dir/bin" "$metrics_dir/bin"
+    "$containerd_dir/bin" "$cni_dir/bin" "$coredns_dir/bin" "$metrics_dir/bin" "$kueue_dir/bin"
   exit 0
 fi
 
@@ -156,6 +157,25 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
+# Kueue: `go install sigs.k8s.io/kueue/cmd/kueue@v0.10.0` is refused (its go.mod has replace
+# directives), so the module is fetched from the proxy and built as the main module from a copy
+# (its dependencies from the proxy too). Its CRDs and webhook manifests are kept beside the binary.
+build_kueue() {
+  local out=$1 src work
+  go mod download "sigs.k8s.io/kueue@$KUEUE_VERSION"
+  src=$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION
+  work=$(mktemp -d)
+  cp -r "$src/." "$work/"
+  chmod -R u+w "$work"
+  rm -rf "$work/vendor"
+  (cd "$work" && GOFLAGS=-mod=mod go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" -o "$out/bin/kueue" ./cmd/kueue)
+  mkdir -p "$out/crds"
+  cp "$work"/config/components/crd/bases/*.yaml "$out/crds/"
+  cp "$work"/config/components/webhook/manifests.yaml "$out/webhooks.yaml"
+  rm -rf "$work"
+}
+
 total=$SECONDS
 build_step "etcd $ETCD_VERSION" "$etcd_dir" build_etcd
 build_step "kwok $KWOK_VERSION" "$kwok_dir" build_kwok
@@ -166,4 +186,5 @@ build_step "containerd $CONTAINERD_VERSION" "$containerd_dir" build_containerd
 build_step "CNI plugins $CNI_PLUGINS_VERSION" "$cni_dir" build_cni
 build_step "CoreDNS $COREDNS_VERSION" "$coredns_dir" build_coredns
 build_step "metrics-server $METRICS_SERVER_VERSION" "$metrics_dir" build_metrics_server
+build_step "kueue $KUEUE_VERSION" "$kueue_dir" build_kueue
 log "all components ready in $((SECONDS - total))s (cache: $cache)"

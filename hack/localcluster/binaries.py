@@ -48,6 +48,9 @@ class Binaries:
     """The folder of the CNI plugins (ptp, bridge, host-local, loopback, portmap)."""
     coredns: Path
     metrics_server: Path
+    kueue: Path
+    """Kueue's manager (hack/kueue.py runs it against a cluster); its CRDs are in ``kueue_crds``."""
+    kueue_crds: Path
 
     @classmethod
     def locate(cls, cache: Path | None = None) -> Binaries:
@@ -77,6 +80,8 @@ class Binaries:
             / f"metrics-server-{pins['METRICS_SERVER_VERSION']}"
             / "bin"
             / "metrics-server",
+            kueue=root / f"kueue-{pins['KUEUE_VERSION']}" / "bin" / "kueue",
+            kueue_crds=root / f"kueue-{pins['KUEUE_VERSION']}" / "crds",
         )
 
     def missing(self) -> list[Path]:

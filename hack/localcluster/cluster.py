@@ -25,6 +25,7 @@ import yaml
 from ..images import BuiltImage, build_images
 from . import addons
 from .binaries import HACK_DIR, Binaries, versions
+from .dra import device_class, resource_slice
 from .network import api_advertise_address, can_make_networks, declaration, remove_network, setup_network
 from .nodes import node_manifest
 from .pki import ClientIdentity, ensure_pki, ensure_server_cert
@@ -509,6 +510,10 @@ class LocalCluster:
             # create, not apply: the status (capacity with nvidia.com/gpu) is only taken on create
             self.kubectl("create", "-f", "-", input=json.dumps(items))
         self._wait_ready([n.name for n in self.spec.nodes], what="kwok", timeout=timeout)
+        dra = [resource_slice(n.name, n.dra) for n in self.spec.nodes if n.dra is not None]
+        if dra:  # what a DRA driver would publish: its DeviceClass, a ResourceSlice per node
+            items = {"apiVersion": "v1", "kind": "List", "items": [device_class(), *dra]}
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(items))
 
     def _wait_ready(self, names: list[str], *, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -15,6 +15,7 @@ def node_manifest(node: NodeSpec) -> dict[str, Any]:
     resources = {"cpu": node.cpu, "memory": node.memory, "pods": node.pods, "ephemeral-storage": "1Ti"}
     if node.gpus:
         resources["nvidia.com/gpu"] = str(node.gpus)
+    resources.update(node.devices)
     labels = {
         "type": "kwok",
         "kubernetes.io/hostname": node.name,
@@ -39,4 +40,6 @@ def node_manifest(node: NodeSpec) -> dict[str, Any]:
     }
     if node.pod_cidr:
         manifest["spec"] = {"podCIDR": node.pod_cidr, "podCIDRs": [node.pod_cidr]}
+    if node.taints:
+        manifest["spec"]["taints"] = [dict(t) for t in node.taints]
     return manifest

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .dra import DraGpus
+
 # GPU Feature Discovery labels as GFD derives them from `nvidia-smi` on a real H100 80GB HBM3
 # node (driver 580.159.04, CUDA 13.0, compute capability 9.0; see shared/data).
 H100_LABELS: dict[str, str] = {
@@ -57,6 +59,13 @@ class NodeSpec:
     gpus: int = 0
     gpu_labels: dict[str, str] = field(default_factory=dict)
     pod_cidr: str | None = None
+    devices: dict[str, str] = field(default_factory=dict)
+    """Other accelerator resources on its status, verbatim (MIG instances, shared replicas,
+    HAMi's memory and cores, MetaGPU units), as their device plugins advertise them."""
+    taints: tuple[dict[str, str], ...] = ()
+    dra: DraGpus | None = None
+    """GPUs published as DRA devices (a ResourceSlice of ``gpu.nvidia.com``), not as an extended
+    resource: a node's GPUs are handed out by a device plugin or by a DRA driver, never both."""
 
 
 # An older inference part, as GFD labels an NVIDIA T4 (16 GB, Turing, compute 7.5): the product of
@@ -205,11 +214,26 @@ def _gpu_nodes(prefix: str, count: int, gpus: int, labels: dict[str, str], first
 
 
 def provider_nodes() -> tuple[NodeSpec, ...]:
-    """4 nodes x 8 H100, 2 nodes x 2 L4, one CPU-only node."""
+    """4 nodes x 8 H100, 2 nodes x 2 L4, one CPU-only node, and the shared and partitioned GPU
+    pools of :func:`sharing_nodes`."""
     nodes = _gpu_nodes("gpu-h100", 4, 8, H100_LABELS, first_cidr=1)
     nodes += _gpu_nodes("gpu-l4", 2, 2, L4_LABELS, first_cidr=5)
     nodes.append(NodeSpec(name="cpu-0", cpu="32", memory="128Gi", pod_cidr="10.244.7.0/24"))
+    nodes += sharing_nodes(first_cidr=11)
+    nodes += dra_nodes(first_cidr=16)
     return tuple(nodes)
+
+
+def dra_nodes(first_cidr: int) -> list[NodeSpec]:
+    """GPUs under NVIDIA's DRA driver (issue 18 §2): ``gpu-dra-h100-0`` with 4 x H100 80GB and
+    ``gpu-dra-l4-0`` with 4 x L4 24GB, published as ResourceSlices (:mod:`.dra`)."""
+    h100 = DraGpus(4, "NVIDIA H100 80GB HBM3", "80Gi", "Hopper", "9.0.0")
+    l4 = DraGpus(4, "NVIDIA L4", "24Gi", "Ada Lovelace", "8.9.0")
+    return [
+        NodeSpec(name=f"gpu-dra-{kind}-0", cpu="96", memory="768Gi", pod_cidr=f"10.244.{first_cidr + i}.0/24",
+                 dra=gpus)
+        for i, (kind, gpus) in enumerate((("h100", h100), ("l4", l4)))
+    ]
 
 
 A100_LABELS: dict[str, str] = {
@@ -221,6 +245,123 @@ A100_LABELS: dict[str, str] = {
     "nvidia.com/gpu.compute.major": "8",
     "nvidia.com/gpu.compute.minor": "0",
 }
+
+# MIG profiles of an A100 80GB as GFD labels them under the mixed strategy: memory (MiB),
+# multiprocessors, and the GPU/compute instance slices each takes.
+_A100_MIG_PROFILES: dict[str, tuple[str, str, str]] = {
+    "1g.10gb": ("9728", "14", "1"),
+    "2g.20gb": ("19968", "28", "2"),
+    "3g.40gb": ("40192", "42", "3"),
+}
+A100_MIG_BALANCED: dict[str, int] = {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+"""mig-parted's ``all-balanced`` layout of one A100 80GB: instances per profile."""
+
+
+def _mig_labels(per_gpu: dict[str, int], gpus: int) -> dict[str, str]:
+    labels = {
+        **A100_LABELS,
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig.config": "all-balanced",
+        "nvidia.com/mig.config.state": "success",
+    }
+    for profile, count in per_gpu.items():
+        memory, multiprocessors, slices = _A100_MIG_PROFILES[profile]
+        prefix = f"nvidia.com/mig-{profile}"
+        labels |= {
+            f"{prefix}.count": str(count * gpus),
+            f"{prefix}.memory": memory,
+            f"{prefix}.multiprocessors": multiprocessors,
+            f"{prefix}.slices.gi": slices,
+            f"{prefix}.slices.ci": slices,
+        }
+    return labels
+
+
+# Time-slicing with renameByDefault: GFD appends -SHARED to the product and says how.
+L4_SHARED_LABELS: dict[str, str] = {
+    **L4_LABELS,
+    "nvidia.com/gpu.product": "NVIDIA-L4-SHARED",
+    "nvidia.com/gpu.replicas": "4",
+    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+}
+
+A10_LABELS: dict[str, str] = {
+    **L4_LABELS,
+    "nvidia.com/gpu.product": "NVIDIA-A10",
+    "nvidia.com/gpu.memory": "23028",
+    "nvidia.com/gpu.family": "ampere",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "6",
+    "nvidia.com/gpu.machine": "g5.12xlarge",
+}
+HAMI_NODE_LABEL = "gpu"
+"""HAMi's device plugin runs on nodes labelled ``gpu=on``."""
+HAMI_TAINT: dict[str, str] = {"key": "hami.io/vgpu", "value": "true", "effect": "NoSchedule"}
+"""The HAMi pool's own taint: a pod asking for ``nvidia.com/gpu`` alone would get a tenth of a
+GPU there (HAMi splits each into 10), so only what tolerates it lands there."""
+
+L40S_LABELS: dict[str, str] = {
+    **L4_LABELS,
+    "nvidia.com/gpu.product": "NVIDIA-L40S",
+    "nvidia.com/gpu.memory": "46068",
+    "nvidia.com/gpu.machine": "g6e.12xlarge",
+}
+
+
+def sharing_nodes(first_cidr: int) -> list[NodeSpec]:
+    """GPUs as the sharing and partitioning schemes advertise them (issue 18), one pool each:
+
+    * ``gpu-a100-mig-0``, ``-1``: 8 x A100 80GB each, MIG mixed strategy, all-balanced
+      (``nvidia.com/mig-1g.10gb`` 16, ``mig-2g.20gb`` 8, ``mig-3g.40gb`` 8; no whole GPU left);
+    * ``gpu-l4-shared-0``: 4 x L4 time-sliced, 4 replicas, renameByDefault
+      (``nvidia.com/gpu.shared`` 16);
+    * ``gpu-hami-0``: 4 x A10 under HAMi, split 10 ways (``nvidia.com/gpu`` 40, with
+      ``nvidia.com/gpumem`` in MiB and ``nvidia.com/gpucores`` in percent of a GPU). HAMi's own
+      scheduler extender checks memory and cores per GPU; kwok's nodes have no extender, so they
+      are extended resources here, which kube-scheduler counts per node. Tainted
+      :data:`HAMI_TAINT`: whole-GPU pods and slices stay off it unless they tolerate it;
+    * ``gpu-metagpu-0``: 2 x L40S under MetaGPU, 100 units each (``cnvrg.io/metagpu`` 200).
+    """
+    mig = [
+        NodeSpec(
+            name=f"gpu-a100-mig-{i}",
+            cpu="96",
+            memory="1536Gi",
+            gpu_labels={**_mig_labels(A100_MIG_BALANCED, 8), "nvidia.com/gpu.count": "8"},
+            pod_cidr=f"10.244.{first_cidr + i}.0/24",
+            devices={f"nvidia.com/mig-{p}": str(n * 8) for p, n in A100_MIG_BALANCED.items()},
+        )
+        for i in range(2)
+    ]
+    return [
+        *mig,
+        NodeSpec(
+            name="gpu-l4-shared-0",
+            cpu="48",
+            memory="192Gi",
+            gpu_labels={**L4_SHARED_LABELS, "nvidia.com/gpu.count": "4"},
+            pod_cidr=f"10.244.{first_cidr + 2}.0/24",
+            devices={"nvidia.com/gpu.shared": "16"},
+        ),
+        NodeSpec(
+            name="gpu-hami-0",
+            cpu="48",
+            memory="192Gi",
+            gpus=40,
+            gpu_labels={**A10_LABELS, "nvidia.com/gpu.count": "4", HAMI_NODE_LABEL: "on"},
+            pod_cidr=f"10.244.{first_cidr + 3}.0/24",
+            devices={"nvidia.com/gpumem": str(4 * 23028), "nvidia.com/gpucores": "400"},
+            taints=(HAMI_TAINT,),
+        ),
+        NodeSpec(
+            name="gpu-metagpu-0",
+            cpu="48",
+            memory="384Gi",
+            gpu_labels={**L40S_LABELS, "nvidia.com/gpu.count": "2"},
+            pod_cidr=f"10.244.{first_cidr + 4}.0/24",
+            devices={"cnvrg.io/metagpu": "200"},
+        ),
+    ]
 
 
 def second_provider_nodes() -> tuple[NodeSpec, ...]:
