@@ -18,6 +18,7 @@ __all__ = [
     "CSRS",
     "DAEMONSETS",
     "DEPLOYMENTS",
+    "DEVICECLASSES",
     "ENDPOINTSLICES",
     "EVENTS",
     "FOREIGNCLUSTERS",
@@ -32,7 +33,10 @@ __all__ = [
     "NODES",
     "PEERNETWORKS",
     "PODS",
+    "RESOURCECLAIMS",
+    "RESOURCECLAIMTEMPLATES",
     "RESOURCEQUOTAS",
+    "RESOURCESLICES",
     "ROLEBINDINGS",
     "ROLES",
     "SECRETS",
@@ -150,6 +154,12 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=Tru
 DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet", namespaced=True)
 SERVICECIDRS = Resource("networking.k8s.io", "v1", "servicecidrs", "ServiceCIDR", namespaced=False)
 LIMITRANGES = Resource("", "v1", "limitranges", "LimitRange", namespaced=True)
+RESOURCESLICES = Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False)
+RESOURCECLAIMS = Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True)
+RESOURCECLAIMTEMPLATES = Resource(
+    "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True
+)
+DEVICECLASSES = Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False)
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", namespaced=True)
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", namespaced=True)
 CLUSTERROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False)

@@ -26,11 +26,14 @@ from kube.manager import Controller, Manager
 from kube.objects import (
     CONFIGMAPS,
     CSRS,
+    DEVICECLASSES,
     NAMESPACES,
     NODES,
     PEERNETWORKS,
     PODS,
+    RESOURCECLAIMS,
     RESOURCEQUOTAS,
+    RESOURCESLICES,
     ObjectKey,
     RawObject,
     labels,
@@ -51,9 +54,11 @@ from ..resources import (
     tenant_namespace,
 )
 from .admission import twin_admission_objects
+from .devices import project_claim, project_slice
 from .networks import TenantNetworkReconciler
+from .quotas import offered_accelerators
 from .settings import ProviderSettings
-from .slices import POOL, PoolReconciler, project_node, project_pod
+from .slices import POOL, DraCaches, PoolReconciler, project_node, project_pod
 from .tenants import ANNOTATION_TENANT, TenantReconciler, apply
 from .twins import TwinReconciler
 
@@ -86,6 +91,12 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     offloadings = Informer(client, NAMESPACEOFFLOADINGS, settings=watch)
     quotas = Informer(client, RESOURCEQUOTAS, label_selector=managed, settings=watch)
     peer_networks = Informer(client, PEERNETWORKS, settings=watch)
+    # DRA devices in the pool: what each node's ResourceSlices offer, what claims hold
+    dra = DraCaches(
+        Informer(client, RESOURCESLICES, project=project_slice, settings=watch),
+        Informer(client, RESOURCECLAIMS, project=project_claim, settings=watch),
+        Informer(client, DEVICECLASSES, settings=watch),
+    )
     declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
                            field_selector=f"metadata.name={DECLARATION_NAME}", settings=watch)  # fmt: skip
 
@@ -136,7 +147,22 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
         if found:
             tenants_q.add(ObjectKey.parse(found))
 
-    nodes.add_handler(pool_changed)
+    def node_changed(change: Change) -> None:
+        pool_changed(change)
+        if offered_accelerators([change.old or {}]) != offered_accelerators([change.new or {}]):
+            for key in tenants:  # a new kind of accelerator is limited in every twin namespace
+                tenant_ns_changed(key.namespace)
+
+    nodes.add_handler(node_changed)
+    for informer in dra:
+        informer.add_handler(pool_changed)
+
+    def device_class_changed(change: Change) -> None:
+        if (change.old is None) != (change.new is None):
+            for key in tenants:  # a DeviceClass appeared or went: it is limited by every quota
+                tenant_ns_changed(key.namespace)
+
+    dra.classes.add_handler(device_class_changed)
     pods.add_handler(pool_changed)
     slices.add_handler(slice_changed)
     twin_namespaces.add_handler(twin_ns_changed)
@@ -174,13 +200,15 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
         Controller("tenants", tenants_q, tenant_reconciler, kind="Tenant", informers=[tenants], logger=logger)
     )
     pool = PoolReconciler(client, nodes=nodes, pods=pods, slices=slices, twins=twin_namespaces,
-                          requests=offloadings, settings=settings)  # fmt: skip
-    pool_informers = [nodes, pods, slices, twin_namespaces]
+                          requests=offloadings, settings=settings, dra=dra)  # fmt: skip
+    pool_informers = [nodes, pods, slices, twin_namespaces, *dra]
     manager.add_controller(
         Controller("pool", pool_q, pool, kind="GPUPool", informers=pool_informers, logger=logger)
     )
-    twins = TwinReconciler(client, settings=settings, peer_networks=peer_networks, declaration=declaration)
-    manager.add_controller(Controller("twins", twins_q, twins, kind="TenantNamespace", logger=logger))
+    twins = TwinReconciler(client, settings=settings, peer_networks=peer_networks, declaration=declaration,
+                           nodes=nodes, device_classes=dra.classes)  # fmt: skip
+    manager.add_controller(Controller("twins", twins_q, twins, kind="TenantNamespace",
+                                      informers=[nodes, dra.classes], logger=logger))  # fmt: skip
     manager.add_task("twin-admission", lambda: keep_twin_admission(client, settings))
     networks = TenantNetworkReconciler(client, peer_networks=peer_networks, settings=settings)
     manager.add_controller(Controller("tenant_networks", networks_q, networks, kind="Tenant",

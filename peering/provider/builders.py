@@ -142,6 +142,13 @@ _TWIN_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _RW},
     {"apiGroups": [""], "resources": ["events"], "verbs": _RO},
     {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"], "verbs": _RO},
+    # DRA: the twins' claim templates and shared claims, copied from the consumer; the devices
+    # they may take are bounded by the quota (<class>.deviceclass.resource.k8s.io/devices)
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaimtemplates", "resourceclaims"],
+        "verbs": _RW,
+    },
 ]
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any
 
+from kube.accelerators import closest, dra_class, gpu_equivalent, is_device, lead_resource, mig_profile
 from kube.api import GPU_RESOURCE
 from kube.quantities import (
     ResourceList,
@@ -107,7 +108,9 @@ class SliceRequest:
     in_force_labels: Mapping[str, str] = field(default_factory=dict)
     in_force_selector: Mapping[str, str] = field(default_factory=dict)
     held: Mapping[str, Decimal] = field(default_factory=dict)
-    """GPUs per node of its grant in force (``shape.nodes``): taken first again."""
+    """Of the device that leads its placement (:func:`kube.accelerators.lead_resource`: GPUs,
+    else e.g. MIG instances), how much per node its grant in force holds (``shape.nodes``):
+    taken first again."""
     block: Decimal = Decimal(0)
     """GPUs of the largest consumer pod waiting for a block no node of the grant has."""
 
@@ -168,8 +171,15 @@ def free_capacity(
     pods: Iterable[Mapping[str, Any]],
     twin_namespaces: Mapping[str, str] | frozenset[str] = frozenset(),
     reservations: Mapping[str, Mapping[str, ResourceList]] | None = None,
+    devices: Mapping[str, ResourceList] | None = None,
+    device_use: Mapping[tuple[str, str], ResourceList] | None = None,
 ) -> list[NodeFree]:
     """Usable nodes with allocatable minus the requests of their non-terminated pods.
+
+    ``devices`` adds what a node has beyond its allocatable: its DRA devices per DeviceClass
+    (:func:`peering.provider.devices.node_devices`); ``device_use``, (namespace, node) → the
+    devices ResourceClaims hold there (:func:`peering.provider.devices.allocated`), is charged
+    like the pods of that namespace.
 
     Pods of twin namespaces (``twin_namespaces``: namespace → consumer ID) are charged to their
     tenant's grant: on a node, only what they use beyond the tenant's reservation there
@@ -191,6 +201,11 @@ def free_capacity(
             _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), requests)
         else:
             _add_to(used.setdefault(node_name, {}), requests)
+    for (namespace, node_name), amounts in (device_use or {}).items():
+        if namespace in tenants:
+            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), amounts)
+        else:
+            _add_to(used.setdefault(node_name, {}), amounts)
     for (tenant, node_name), amounts in twin_use.items():
         reserved = ((reservations or {}).get(tenant) or {}).get(node_name) or {}
         beyond = {res: amount - reserved.get(res, Decimal(0)) for res, amount in amounts.items()}
@@ -200,7 +215,10 @@ def free_capacity(
         if not node_is_usable(node):
             continue
         md = node.get("metadata") or {}
-        alloc = parse_resource_list((node.get("status") or {}).get("allocatable"))
+        alloc = {
+            **parse_resource_list((node.get("status") or {}).get("allocatable")),
+            **((devices or {}).get(md["name"]) or {}),
+        }
         taken = used.get(md["name"], {})
         free = {res: max(amount - taken.get(res, Decimal(0)), Decimal(0)) for res, amount in alloc.items()}
         out.append(NodeFree(md["name"], dict(md.get("labels") or {}), free, tuple(blocking_taints(node))))
@@ -230,6 +248,8 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
     granted_now = status.get("phase") in _GRANTED_PHASES
     refused_now = (status.get("refusedChange") or {}).get("generation") == md.get("generation")
     holds = granted_now and status.get("observedGeneration") == md.get("generation") and not refused_now
+    resources = {k: v for k, v in parse_resource_list(spec.get("resources")).items() if v > 0}
+    lead = lead_resource(resources) or GPU
     in_force = None
     if granted_now and not holds:  # what its earlier spec was granted, node by node
         in_force = {
@@ -240,7 +260,7 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
         namespace=str(md.get("namespace") or ""),
         name=str(md["name"]),
         consumer_id=spec.get("consumerClusterID"),
-        resources={k: v for k, v in parse_resource_list(spec.get("resources")).items() if v > 0},
+        resources=resources,
         node_selector=dict(spec.get("nodeSelector") or {}),
         allow_partial=bool(spec.get("allowPartial")),
         tolerations=tuple(dict(t) for t in spec.get("tolerations") or ()),
@@ -250,7 +270,7 @@ def slice_request(obj: Mapping[str, Any], *, block: Decimal = Decimal(0)) -> Sli
         in_force_labels=dict(status.get("labels") or {}) if in_force is not None else {},
         in_force_selector=dict(status.get("nodeSelector") or {}) if in_force is not None else {},
         held={
-            str(e["name"]): parse_resource_list(e.get("free")).get(GPU, Decimal(0))
+            str(e["name"]): parse_resource_list(e.get("free")).get(lead, Decimal(0))
             for e in (status.get("shape") or {}).get("nodes") or ()
         }
         if granted_now
@@ -267,7 +287,7 @@ def _uniform_labels(nodes: Sequence[NodeFree]) -> dict[str, str]:
 
 
 def _shortfall_reason(short: Sequence[str]) -> str:
-    return "InsufficientGPUs" if GPU in short else "InsufficientResources"
+    return "InsufficientGPUs" if any(is_device(r) for r in short) else "InsufficientResources"
 
 
 def _unit(resource: str, amount: Decimal) -> Decimal:
@@ -307,6 +327,11 @@ def _take(
     return got
 
 
+def _gpus_of(amounts: Mapping[str, Decimal], devices: Iterable[str]) -> Decimal:
+    """How many GPUs ``amounts`` of ``devices`` are worth (a MIG 3g instance is 3/7 of one)."""
+    return sum((gpu_equivalent(r, amounts.get(r, Decimal(0))) for r in devices), Decimal(0))
+
+
 def _spread(
     want: Mapping[str, Decimal],
     matching: Sequence[NodeFree],
@@ -317,36 +342,46 @@ def _spread(
 ) -> ResourceList:
     """Place the request on nodes; returns the amounts placed (``taken`` gets them per node).
 
-    GPUs lead: they are taken node by node, then every other resource follows in proportion
-    to the GPUs placed on each node (scaled down with them when the GPUs are short), so that a
-    node's block is usable — GPUs with the CPU, memory and pod slots to run them. What cannot
-    be placed beside the GPUs is taken from the other matching nodes.
+    Devices lead (GPUs, MIG instances, shared replicas, MetaGPU units): each is taken node by
+    node, then every other resource follows in proportion to the part of a GPU placed on each
+    node (:func:`kube.accelerators.gpu_equivalent`; scaled down with the devices when they are
+    short), so that a node's block is usable — devices with the CPU, memory and pod slots to run
+    them, HAMi's GPU memory and cores beside its GPUs. What cannot be placed beside the devices is
+    taken from the other matching nodes.
 
-    GPUs come from ``block_node`` first (as many as it has), then from each node up to what it
-    ``held`` before, then from the nodes in order."""
+    The leading device (:func:`kube.accelerators.lead_resource`) comes from ``block_node`` first
+    (as much as it has), then from each node up to what it ``held`` before, then from the nodes
+    in order; the other devices from the nodes in order."""
     granted: ResourceList = {}
-    if GPU not in want:
+    lead = lead_resource(want)
+    if lead is None:
         for res, need in sorted(want.items()):
             granted[res] = _take(res, need, matching, remaining, taken)
     else:
-        gpus = Decimal(0)
+        placed = Decimal(0)
         if block_node is not None:
-            gpus += _take(GPU, want[GPU], [block_node], remaining, taken)
+            placed += _take(lead, want[lead], [block_node], remaining, taken)
         if held:
-            gpus += _take(GPU, want[GPU] - gpus, matching, remaining, taken, dict(held))
-        gpus += _take(GPU, want[GPU] - gpus, matching, remaining, taken)
-        granted[GPU] = gpus
-        with_gpus = [n for n in matching if taken.get(n.name, {}).get(GPU, Decimal(0)) > 0]
-        others = [n for n in matching if n not in with_gpus]
-        scale = gpus / want[GPU]
+            placed += _take(lead, want[lead] - placed, matching, remaining, taken, dict(held))
+        placed += _take(lead, want[lead] - placed, matching, remaining, taken)
+        granted[lead] = placed
+        devices = sorted(r for r in want if is_device(r) and r != lead)
+        for res in devices:
+            granted[res] = _take(res, want[res], matching, remaining, taken)
+        weight = {n.name: _gpus_of(taken.get(n.name, {}), (lead, *devices)) for n in matching}
+        with_devices = [n for n in matching if weight[n.name] > 0]
+        others = [n for n in matching if n not in with_devices]
+        total = sum(weight.values(), Decimal(0))
+        wanted = _gpus_of(want, (lead, *devices))
+        scale = total / wanted
         for res, need in sorted(want.items()):
-            if res == GPU:
+            if res == lead or res in devices:
                 continue
             unit = _unit(res, need)
             target = min(need, _round(need * scale, unit, ROUND_CEILING))
-            caps = {n.name: _round(target * taken[n.name][GPU] / gpus, unit, ROUND_FLOOR) for n in with_gpus}
-            got = _take(res, target, with_gpus, remaining, taken, caps) if gpus else Decimal(0)
-            got += _take(res, target - got, [*with_gpus, *others], remaining, taken)
+            caps = {n.name: _round(target * weight[n.name] / total, unit, ROUND_FLOOR) for n in with_devices}
+            got = _take(res, target, with_devices, remaining, taken, caps) if total else Decimal(0)
+            got += _take(res, target - got, [*with_devices, *others], remaining, taken)
             granted[res] = got
     for node_name in [n for n, amounts in taken.items() if not any(amounts.values())]:
         del taken[node_name]
@@ -359,8 +394,9 @@ def _spread(
 def _block_node(
     req: SliceRequest, order: Sequence[NodeFree], remaining: Mapping[str, ResourceList]
 ) -> NodeFree | None:
-    """The node to take the waiting block from first: one already held that large, else the one
-    that holds it with the least to spare; None when no block waits or none can hold it."""
+    """The node to take the waiting block of GPUs from first: one already held that large, else
+    the one that holds it with the least to spare; None when no block waits or none can hold it
+    (blocks are whole GPUs: a slice led by another device has none)."""
     want = req.resources.get(GPU, Decimal(0))
     if req.block <= 0 or req.block > want:
         return None
@@ -371,6 +407,49 @@ def _block_node(
     if not fitting:
         return None
     return min(fitting, key=lambda n: (remaining[n.name].get(GPU, Decimal(0)), order.index(n)))
+
+
+def _offered(nodes: Sequence[NodeFree]) -> set[str]:
+    """The resources at least one of ``nodes`` advertises (free now or not)."""
+    return {res for n in nodes for res in n.free}
+
+
+def _not_offered(req: SliceRequest, nodes: Sequence[NodeFree], matching: Sequence[NodeFree]) -> str | None:
+    """Why the slice asks for a resource no node it could get offers (a typo, a MIG profile this
+    provider does not partition its GPUs into, a device of another vendor); None when all are.
+    Only usable nodes count (Ready, uncordoned): the messages say so, since a pool being drained
+    offers nothing for a while."""
+    everywhere = _offered(nodes)
+    here = _offered(matching)
+    problems = []
+    for res in sorted(r for r in req.resources if r not in here):
+        if res in everywhere:
+            owners = sorted(n.name for n in nodes if res in n.free)
+            problems.append(
+                f"{res} is offered only by nodes the slice does not select or tolerate "
+                f"({', '.join(owners[:5])}{', …' if len(owners) > 5 else ''})"
+            )
+            continue
+        device_class = dra_class(res)
+        if device_class is not None:
+            classes = sorted(c for c in map(dra_class, everywhere) if c)
+            offer = f"DeviceClasses with devices: {', '.join(classes)}" if classes else "no DRA devices here"
+            problems.append(
+                f"no usable node of this provider has devices of DeviceClass {device_class} ({offer})"
+            )
+            continue
+        profile = mig_profile(res)
+        profiles = sorted(p for p in map(mig_profile, everywhere) if p)
+        if profile is not None:
+            offer = f"its MIG profiles: {', '.join(profiles)}" if profiles else "none has MIG instances"
+            problems.append(f"no usable node of this provider offers the MIG profile {profile} ({offer})")
+            continue
+        guess = closest(res, everywhere)
+        hint = f" (did you mean {guess}?)" if guess else ""
+        devices = sorted(r for r in everywhere if is_device(r))
+        offer = f"; its devices: {', '.join(devices)}" if devices else ""
+        problems.append(f"no usable node of this provider offers {res}{hint}{offer}")
+    return "; ".join(problems) or None
 
 
 def _decide(req: SliceRequest, remaining: dict[str, ResourceList], nodes: Sequence[NodeFree]) -> Decision:
@@ -402,8 +481,17 @@ def _decide(req: SliceRequest, remaining: dict[str, ResourceList], nodes: Sequen
             "NoMatchingNodes",
             f"no schedulable node matches nodeSelector {dict(req.node_selector)}{why}",
         )
+    unknown = _not_offered(req, nodes, matching)
+    if unknown is not None:
+        return Decision("Denied", "ResourceNotOffered", unknown)
     taken: dict[str, ResourceList] = {}
-    matching = sorted(matching, key=lambda n: (-req.held.get(n.name, Decimal(0)), n.name))
+
+    def order(n: NodeFree) -> tuple[Decimal, int, str]:
+        # what it held first (a grant does not wander), then the nodes that offer the most of
+        # the requested resources (HAMi's GPUs with their memory and cores), then by name
+        return (-req.held.get(n.name, Decimal(0)), -len(req.resources.keys() & n.free.keys()), n.name)
+
+    matching = sorted(matching, key=order)
     granted = _spread(
         req.resources, matching, remaining, taken, req.held, _block_node(req, matching, remaining)
     )

@@ -7,8 +7,10 @@ never exceed it, whatever the consumer does with its own credentials.
 
 * :func:`quota_totals` maps a grant (``nvidia.com/gpu: 4, cpu: 8``) to quota keys
   (``requests.nvidia.com/gpu: 4, requests.cpu: 8``). GPUs, cpu, memory and pods are always
-  limited, to 0 when not granted (fail closed: what was not granted cannot be used); any other
-  granted resource (``nvidia.com/mig-1g.10gb``, ``ephemeral-storage``…) is limited too.
+  limited, to 0 when not granted (fail closed: what was not granted cannot be used); so is every
+  accelerator resource the provider's nodes offer (MIG instances, shared replicas, HAMi's memory
+  and cores, MetaGPU units: ``offered``), and any other granted resource
+  (``ephemeral-storage``…) is limited too.
 * :data:`FIXED_LIMITS` are not partitioned: NodePort and LoadBalancer Services are refused in
   twin namespaces (they would open ports on the provider's nodes).
 * :func:`partition` splits the totals: an equal share per namespace, but never below what a
@@ -21,9 +23,11 @@ never exceed it, whatever the consumer does with its own credentials.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from decimal import ROUND_FLOOR, Decimal
+from typing import Any
 
+from kube.accelerators import dra_class, is_accelerator
 from kube.api import GPU_RESOURCE
 from kube.quantities import ResourceList
 
@@ -32,6 +36,7 @@ __all__ = [
     "FIXED_LIMITS",
     "lowering_step",
     "needs_lowering",
+    "offered_accelerators",
     "partition",
     "quota_key",
     "quota_totals",
@@ -44,15 +49,27 @@ FIXED_LIMITS: dict[str, Decimal] = {"services.nodeports": Decimal(0), "services.
 
 def quota_key(resource: str) -> str:
     """The ResourceQuota key limiting the requests of ``resource`` (``pods`` counts pods)."""
-    if resource == "pods":
-        return "pods"
+    if resource == "pods" or dra_class(resource) is not None:
+        return resource  # DRA devices: ResourceQuota's own name for them, per DeviceClass
     return f"requests.{resource}"
 
 
-def quota_totals(grant: Mapping[str, Decimal]) -> ResourceList:
-    """The quota hard limits for a grant (see the module docstring), without :data:`FIXED_LIMITS`."""
+def offered_accelerators(nodes: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The accelerator resources (:func:`kube.accelerators.is_accelerator`) ``nodes`` advertise."""
+    return {
+        res
+        for node in nodes
+        for res in ((node.get("status") or {}).get("allocatable") or {})
+        if is_accelerator(res)
+    }
+
+
+def quota_totals(grant: Mapping[str, Decimal], offered: Iterable[str] = ()) -> ResourceList:
+    """The quota hard limits for a grant (see the module docstring), without :data:`FIXED_LIMITS`;
+    ``offered``: the accelerator resources the provider's nodes advertise, limited to 0 unless
+    granted (a grant of whole GPUs does not let twins take MIG instances)."""
     out = {quota_key(res): amount for res, amount in grant.items()}
-    for res in ALWAYS_LIMITED:
+    for res in (*ALWAYS_LIMITED, *sorted(offered)):
         out.setdefault(quota_key(res), Decimal(0))
     return out
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from kube.api import GPU_RESOURCE, WAITING_BLOCK_ANNOTATION
 from kube.clients import KubeClient
@@ -22,16 +23,17 @@ from kube.logs import object_logger
 from kube.metrics import gauge
 from kube.objects import ObjectKey, RawObject, labels, meta
 from kube.patching import patch_changes
-from kube.quantities import add, parse_resource_list
+from kube.quantities import ResourceList, add, parse_resource_list
 from kube.reconciling import Requeue
 
 from ..conditions import set_condition
 from ..resources import GPUSLICES, LABEL_TENANT, TENANT_NAMESPACE_PREFIX
+from .devices import allocated, class_selector, granted_devices, node_devices
 from .events import record_event
 from .planning import Decision, allocate, free_capacity, reservations_of, slice_request, slice_status
 from .settings import ProviderSettings
 
-__all__ = ["POOL", "PoolReconciler", "project_node", "project_pod"]
+__all__ = ["POOL", "DraCaches", "PoolReconciler", "project_node", "project_pod"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +92,12 @@ class PoolReconciler:
         twins: Informer,
         settings: ProviderSettings,
         requests: Informer | None = None,
+        dra: DraCaches | None = None,
     ) -> None:
         self.client = client
         self.nodes, self.pods, self.slices, self.twins = nodes, pods, slices, twins
+        self.dra = dra
+        """ResourceSlices, ResourceClaims and DeviceClasses: DRA devices in the pool."""
         self.requests = requests
         """The tenants' twin-namespace requests (NamespaceOffloadings): their waiting blocks."""
         self.settings = settings
@@ -113,13 +118,15 @@ class PoolReconciler:
         return out
 
     async def reconcile(self, key: str) -> Requeue | None:
-        for cache in (self.nodes, self.pods, self.slices, self.twins):
+        for cache in (self.nodes, self.pods, self.slices, self.twins, *(self.dra or ())):
             await cache.synced.wait()
         twin_tenants = {meta(ns)["name"]: labels(ns).get(LABEL_TENANT, "") for ns in self.twins.values()}
         slices = {ObjectKey.of(s): s for s in self.slices.values() if not meta(s).get("deletionTimestamp")}
+        devices, device_use = self.dra.devices() if self.dra is not None else ({}, {})
         free = free_capacity(
-            self.nodes.values(), self.pods.values(), twin_tenants, reservations_of(slices.values())
-        )
+            self.nodes.values(), self.pods.values(), twin_tenants, reservations_of(slices.values()),
+            devices=devices, device_use=device_use,
+        )  # fmt: skip
         requests = []
         blocks = self._waiting_blocks()
         for skey, obj in slices.items():
@@ -129,14 +136,18 @@ class PoolReconciler:
                 object_logger(logger, "GPUSlice", skey).error("invalid request: %s", exc)
         decisions = allocate(free, requests)
         for (ns, name), decision in decisions.items():
-            await self._write(slices[ObjectKey(ns, name)], decision)
+            granted = self.dra.granted(decision.nodes) if self.dra is not None else None
+            await self._write(slices[ObjectKey(ns, name)], decision, granted)
         _publish(_FREE, add(*(n.free for n in free)))
         _publish(_GRANTED, add(*(d.granted for d in decisions.values())))
         return Requeue(self.settings.resync_seconds)
 
-    async def _write(self, obj: RawObject, decision: Decision) -> None:
+    async def _write(self, obj: RawObject, decision: Decision, devices: dict[str, Any] | None = None) -> None:
         old_status = obj.get("status") or {}
         status: dict[str, Any] = {**old_status, **slice_status(decision)}
+        status.pop("devices", None)
+        if devices is not None:
+            status["devices"] = devices  # the DRA devices of the grant, for the consumer to mirror
         generation = meta(obj).get("generation")
         status["observedGeneration"] = generation or 0
         if decision.refused is not None:
@@ -195,6 +206,25 @@ class PoolReconciler:
                 f"{decision.phase}: {granted}; {decision.message}",
                 "Warning" if decision.phase == "Denied" else "Normal",
             )
+
+
+class DraCaches(NamedTuple):
+    """The provider's DRA objects the pool reads (projected by :mod:`.devices`)."""
+
+    resource_slices: Informer
+    claims: Informer
+    classes: Informer
+
+    def devices(self) -> tuple[dict[str, ResourceList], dict[tuple[str, str], ResourceList]]:
+        """Node → DRA devices per class, and (namespace, node) → those claims hold."""
+        classes = {meta(c)["name"]: class_selector(c) for c in self.classes.values()}
+        slices = self.resource_slices.values()
+        return node_devices(slices, classes), allocated(self.claims.values(), slices, classes)
+
+    def granted(self, nodes: Mapping[str, ResourceList]) -> dict[str, Any] | None:
+        """The DRA devices of a grant shaped as ``nodes`` (see :func:`.devices.granted_devices`)."""
+        classes = {meta(c)["name"]: c for c in self.classes.values()}
+        return granted_devices(nodes, self.resource_slices.values(), classes)
 
 
 def _publish(family: Any, amounts: dict[str, Any]) -> None:

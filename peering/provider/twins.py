@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from kube import api
+from kube.accelerators import dra_resource
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.errors import NotFound, TemporaryError
@@ -60,7 +61,15 @@ from .builders import (
     twin_role,
 )
 from .events import record_event
-from .quotas import FIXED_LIMITS, lowering_step, needs_lowering, partition, quota_key, quota_totals
+from .quotas import (
+    FIXED_LIMITS,
+    lowering_step,
+    needs_lowering,
+    offered_accelerators,
+    partition,
+    quota_key,
+    quota_totals,
+)
 from .settings import ProviderSettings
 from .tenants import apply
 
@@ -138,11 +147,23 @@ class TwinReconciler:
         settings: ProviderSettings,
         peer_networks: Informer | None = None,
         declaration: Informer | None = None,
+        nodes: Informer | None = None,
+        device_classes: Informer | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
         self.peer_networks = peer_networks
         self.declaration = declaration
+        self.nodes = nodes
+        self.device_classes = device_classes
+
+    def _offered(self) -> set[str]:
+        """The accelerator resources the provider's nodes advertise and its DeviceClasses' devices
+        (each limited by quota)."""
+        classes = self.device_classes.values() if self.device_classes is not None else ()
+        return offered_accelerators(self.nodes.values() if self.nodes is not None else ()) | {
+            dra_resource(meta(c)["name"]) for c in classes
+        }
 
     def _endpoint_cidrs(self, tenant_ns: str, consumer_id: str) -> tuple[str, ...]:
         declaration = (
@@ -418,7 +439,7 @@ class TwinReconciler:
             ns: parse_resource_list((q.get("status") or {}).get("used")) if q else {}
             for ns, q in quotas.items()
         }
-        plan = partition(quota_totals(grant), namespaces, used, demand)
+        plan = partition(quota_totals(grant, self._offered()), namespaces, used, demand)
         lowering = {
             ns: lowering_step(current[ns], plan[ns])
             for ns in namespaces

@@ -151,7 +151,9 @@ def test_no_matching_nodes_and_wrong_tenant() -> None:
 
 
 def test_partial_needs_something_of_every_resource() -> None:
-    d = decide(NODES, [gslice("a", "s", {"nvidia.com/gpu": 2, "example.com/fpga": 1}, partial=True)])
+    fpga = node("fpga-0", 0, {})
+    fpga["status"]["allocatable"]["example.com/fpga"] = "0"  # advertised, none healthy
+    d = decide([*NODES, fpga], [gslice("a", "s", {"nvidia.com/gpu": 2, "example.com/fpga": 1}, partial=True)])
     got = d[("gpuferry-tenant-a", "s")]
     assert got.phase == "Denied" and got.reason == "InsufficientResources"
 

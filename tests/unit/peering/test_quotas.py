@@ -17,6 +17,12 @@ def test_totals_map_resources_to_quota_keys_and_fail_closed() -> None:
     assert quota_totals({"nvidia.com/gpu": Decimal(2), "nvidia.com/mig-1g.10gb": Decimal(7)}) == {
         GPU: Decimal(2), "requests.nvidia.com/mig-1g.10gb": Decimal(7), "requests.cpu": zero,
         "requests.memory": zero, "pods": zero}
+    # what the provider's nodes offer is limited too, to 0 unless granted
+    offered = ["nvidia.com/mig-1g.10gb", "nvidia.com/gpu.shared", "nvidia.com/gpumem"]
+    assert quota_totals({"nvidia.com/mig-1g.10gb": Decimal(7)}, offered) == {
+        "requests.nvidia.com/mig-1g.10gb": Decimal(7), "requests.nvidia.com/gpu.shared": zero,
+        "requests.nvidia.com/gpumem": zero, GPU: zero, "requests.cpu": zero, "requests.memory": zero,
+        "pods": zero}
 
 
 def test_equal_split_with_remainder_first() -> None:
