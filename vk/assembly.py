@@ -33,7 +33,7 @@ from kube.objects import ObjectKey
 from kube.queueing import KeyedQueue
 from kube.reconciling import Reconciler
 
-from .forge.accessories import CONFIGMAP, SECRET
+from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET
 from .forge.node import network_condition
 from .forge.pods import ForgeOptions
 from .kubelet import KubeletContext, serve_kubelet_api
@@ -41,6 +41,7 @@ from .kubelet.certificates import ServingCertificate
 from .node.controller import NodeController
 from .reflection.accessories import AccessoryReflector
 from .reflection.addresses import PeerNetworkFollower
+from .reflection.devices import DeviceMirror
 from .reflection.events import EventReflector
 from .reflection.informers import PodPhases, consumer_pods
 from .reflection.namespaced import NamespacePods
@@ -48,7 +49,7 @@ from .reflection.pods import PodReflector
 from .reflection.podstatus import PodStatusReflector, refresh_phase_gauge
 from .reflection.services import ServiceReflector
 from .reflection.tokens import TokenReflector
-from .remote import RemoteSide, remote_side
+from .remote import RemoteSide, TenantSide, remote_side
 from .settings import VirtualKubeletSettings
 
 __all__ = ["PodSync", "build_virtual_kubelet", "forge_options"]
@@ -82,6 +83,12 @@ def build_virtual_kubelet(
     manager.add_informer(local)
     node = add_node(manager, settings, consumer=consumer, provider=provider)
     remote = add_remote_side(manager, settings, provider=provider, node=node)
+    if isinstance(remote, TenantSide):  # a grant's DRA devices come with the GPUSlice
+        mirror = DeviceMirror(consumer, node_name=settings.effective_node_name,
+                              provider_id=settings.provider_cluster_id,
+                              resync_seconds=settings.resync_seconds)  # fmt: skip
+        remote.add_grant_handler(mirror.grant_changed)
+        manager.add_task("mirror-dra-devices", mirror.run)
     copiers = add_copiers(manager, settings, **sides, local=local, remote=remote)
     prerequisites = [c for c in copiers if not isinstance(c, ServiceReflector)]
     pods = add_pod_sync(manager, settings, **sides, local=local, remote=remote, node=node,
@@ -172,7 +179,7 @@ def add_pod_sync(
     reflector = PodReflector(consumer=consumer, provider=provider, local=local, remote=remote,
                              opts=forge_options(settings), fit=node, accessories=prerequisites)  # fmt: skip
     status = PodStatusReflector(consumer=consumer, local=local, twins=remote,
-                                node_address=settings.node_address)  # fmt: skip
+                                node_address=settings.node_address, provider=provider)  # fmt: skip
     to_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
     from_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_status_from_remote", settings=settings.queue)
     pods = PodSync(to_remote, from_remote, reflector, status)
@@ -228,7 +235,8 @@ def add_copiers(
     copiers: list[Copier] = []
     if settings.service_account_tokens:
         copiers.append(TokenReflector(**common))
-    copiers += [AccessoryReflector(kind, settings=settings.watch, **common) for kind in (CONFIGMAP, SECRET)]
+    kinds = (CONFIGMAP, SECRET, CLAIM_TEMPLATE, CLAIM)
+    copiers += [AccessoryReflector(kind, settings=settings.watch, **common) for kind in kinds]
     copiers.append(ServiceReflector(node=settings.effective_node_name, settings=settings.watch, **common))
     for copier in copiers:
         kind = "Pod" if isinstance(copier, TokenReflector) else copier.resource.kind

@@ -174,6 +174,15 @@ class TenantSide(_TwinsRead):
                                     on_synced=view.mark_pods_synced, settings=settings.watch)  # fmt: skip
         self.informers: Sequence[Informer] = [self.twins.requests]
         self.synced = self.twins.synced
+        self._grant_handlers: list[Callable[[RawObject | None], None]] = [view.set_granted_nodes]
+
+    def add_grant_handler(self, handler: Callable[[RawObject | None], None]) -> None:
+        """Also tell ``handler`` each version of the GPUSlice (None: there is none)."""
+        self._grant_handlers.append(handler)
+
+    def _grant(self, slice_obj: RawObject | None) -> None:
+        for handler in self._grant_handlers:
+            handler(slice_obj)
 
     def knows(self, key: ObjectKey) -> bool:
         return self.twins.knows(key.namespace or "")
@@ -204,8 +213,8 @@ class TenantSide(_TwinsRead):
                                         settings=self.settings, retry_permanent=True):  # fmt: skip
             if isinstance(item, Listed):
                 if not item.keys:
-                    self.view.set_granted_nodes(None)
+                    self._grant(None)
             elif item.type == "DELETED":
-                self.view.set_granted_nodes(None)
+                self._grant(None)
             else:
-                self.view.set_granted_nodes(item.object)
+                self._grant(item.object)

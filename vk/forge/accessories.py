@@ -1,8 +1,14 @@
-"""ConfigMaps and Secrets that offloaded pods need, and their copies in the twin namespace. Pure.
+"""ConfigMaps, Secrets and DRA claims that offloaded pods need, and their copies in the twin
+namespace. Pure.
 
 A twin runs on the provider, so whatever its pod spec references by name must exist in the twin
 namespace: ConfigMaps and Secrets mounted as volumes (directly or through projected volumes),
-read by ``env[].valueFrom`` or ``envFrom``, and Secrets named in ``imagePullSecrets``.
+read by ``env[].valueFrom`` or ``envFrom``, and Secrets named in ``imagePullSecrets``; and the
+ResourceClaimTemplates and ResourceClaims of its ``spec.resourceClaims`` (Dynamic Resource
+Allocation). A template's copy makes the provider's own resourceclaim controller create the twin's
+claim (and delete it with the twin); the provider's scheduler then allocates it from the
+provider's real devices, by the same requests and CEL selectors the consumer wrote. A claim's copy
+(a claim shared by name) carries its spec only: its allocation is the provider's.
 :func:`references` lists them; :func:`remote_copy` forges the copy (data, type and immutability
 kept; metadata reduced to the name, the consumer's labels, and gpuferry's ownership labels and
 origin annotations, so that copies are found, compared and collected by label).
@@ -14,16 +20,37 @@ namespace of the provider has its own, made by its controller-manager).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from vk.forge import labels as lbl
 
-__all__ = ["CONFIGMAP", "SECRET", "Kind", "copy_differs", "references", "remote_copy"]
+__all__ = [
+    "CLAIM",
+    "CLAIM_TEMPLATE",
+    "CONFIGMAP",
+    "SECRET",
+    "Kind",
+    "copy_differs",
+    "references",
+    "remote_copy",
+]
 
-Kind = Literal["configmaps", "secrets"]
+Kind = Literal["configmaps", "secrets", "resourceclaimtemplates", "resourceclaims"]
 CONFIGMAP: Kind = "configmaps"
 SECRET: Kind = "secrets"
+CLAIM_TEMPLATE: Kind = "resourceclaimtemplates"
+CLAIM: Kind = "resourceclaims"
+_DRA_KINDS: dict[Kind, str] = {CLAIM_TEMPLATE: "ResourceClaimTemplate", CLAIM: "ResourceClaim"}
+_DRA_API = "resource.k8s.io/v1"
+SPEC_HASH_ANNOTATION = f"{lbl.PREFIX}spec-hash"
+"""On a copied claim or claim template: a hash of the consumer spec it was made from."""
+
+
+def _spec_hash(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
 SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
@@ -57,10 +84,15 @@ def _container_refs(container: Mapping[str, Any], out: dict[Kind, set[str]]) -> 
 
 
 def references(pod: Mapping[str, Any]) -> dict[Kind, set[str]]:
-    """ConfigMap and Secret names the pod's spec needs in its namespace (``kube-root-ca.crt``
-    left out: the provider has its own in every namespace)."""
-    out: dict[Kind, set[str]] = {CONFIGMAP: set(), SECRET: set()}
+    """ConfigMap, Secret, ResourceClaimTemplate and ResourceClaim names the pod's spec needs in its
+    namespace (``kube-root-ca.crt`` left out: the provider has its own in every namespace)."""
+    out: dict[Kind, set[str]] = {CONFIGMAP: set(), SECRET: set(), CLAIM_TEMPLATE: set(), CLAIM: set()}
     spec = pod.get("spec") or {}
+    for claim in spec.get("resourceClaims") or ():
+        if template := claim.get("resourceClaimTemplateName"):
+            out[CLAIM_TEMPLATE].add(str(template))
+        if name := claim.get("resourceClaimName"):
+            out[CLAIM].add(str(name))
     for volume in spec.get("volumes") or ():
         _volume_refs(volume, out)
     for field in _CONTAINER_LISTS:
@@ -90,8 +122,8 @@ def remote_copy(obj: Mapping[str, Any], kind: Kind, *, namespace: str, consumer_
     meta = obj.get("metadata") or {}
     labels = {**(meta.get("labels") or {}), **lbl.ownership_labels(consumer_id, obj)}
     copy: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap" if kind == CONFIGMAP else "Secret",
+        "apiVersion": _DRA_API if kind in _DRA_KINDS else "v1",
+        "kind": _DRA_KINDS.get(kind) or ("ConfigMap" if kind == CONFIGMAP else "Secret"),
         "metadata": {
             "name": meta["name"],
             "namespace": namespace,
@@ -99,6 +131,12 @@ def remote_copy(obj: Mapping[str, Any], kind: Kind, *, namespace: str, consumer_
             "annotations": lbl.origin_annotations(consumer_id, obj),
         },
     }
+    if kind in _DRA_KINDS:
+        copy["spec"] = obj.get("spec") or {}
+        # the API server defaults fields of a claim's spec (allocationMode, count…): the copy is
+        # compared by what it was made from, not field by field
+        copy["metadata"]["annotations"][SPEC_HASH_ANNOTATION] = _spec_hash(copy["spec"])
+        return copy
     for field in ("data", "binaryData", "stringData", "type", "immutable"):
         if field in obj:
             copy[field] = obj[field]
@@ -107,8 +145,11 @@ def remote_copy(obj: Mapping[str, Any], kind: Kind, *, namespace: str, consumer_
 
 def copy_differs(current: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     """Whether the copy on the provider must be replaced to match ``desired``."""
-    fields = ("data", "binaryData", "type", "immutable")
-    if any(current.get(f) != desired.get(f) for f in fields):
+    if desired.get("kind") in _DRA_KINDS.values():
+        have = ((current.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+        if have != desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]:
+            return True
+    elif any(current.get(f) != desired.get(f) for f in ("data", "binaryData", "type", "immutable")):
         return True
     have = (current.get("metadata") or {}).get("labels") or {}
     return any(have.get(k) != v for k, v in desired["metadata"]["labels"].items())

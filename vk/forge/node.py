@@ -1,7 +1,8 @@
 """The virtual node as a ``Node`` object, and the patches that keep it current. Pure.
 
 :func:`virtual_node` builds the whole Node from what the node controller knows: the grant
-(capacity = allocatable = the granted resources, verbatim, extended resources included), the GPU
+(capacity = allocatable = the granted resources, verbatim, extended resources included; DRA
+devices are its ResourceSlices instead, :mod:`vk.forge.devices`), the GPU
 labels copied from the provider (:func:`provider_gpu_labels`), the largest placeable block per
 resource (:func:`node_shape`) and the conditions (:func:`node_conditions`).
 
@@ -9,8 +10,11 @@ Labels, by who may rely on them:
 
 * identity (:func:`vk.forge.labels.virtual_node_identity`) plus ``kubernetes.io/os`` and
   ``kubernetes.io/arch``;
-* GPU Feature Discovery labels of the provider nodes the grant covers, only those with the same
-  value on every one of them (a pod selecting ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``
+* GPU Feature Discovery labels of the provider nodes the grant covers (those with some of a
+  granted device: GPUs, MIG instances, shared replicas…), only those with the same value on every
+  one of them, sharing included (``nvidia.com/mig.strategy``, ``nvidia.com/gpu.replicas``,
+  ``nvidia.com/gpu.sharing-strategy``, a MIG profile's memory and slices; not its per-node
+  ``.count``) (a pod selecting ``nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3``
   must land on an H100 whatever provider node the twin gets); ``nvidia.com/gpu.present`` is
   deliberately not copied: GPU-operator DaemonSets select on it and often tolerate every taint;
 * ``nvidia.com/gpu.count``: GPUs of the largest covered provider node (at most the grant), as
@@ -34,6 +38,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from kube import api
+from kube.accelerators import dra_class, is_device
 from kube.api import GPU_RESOURCE
 from kube.quantities import format_quantity, parse_quantity, parse_resource_list
 
@@ -90,8 +95,12 @@ _GFD_KEYS = frozenset(
         "nvidia.com/gpu.memory",
         "nvidia.com/gpu.family",
         "nvidia.com/mig.capable",
+        "nvidia.com/mig.strategy",
+        "nvidia.com/gpu.replicas",
+        "nvidia.com/gpu.sharing-strategy",
     }
 )
+_MIG_PROFILE_PREFIX = "nvidia.com/mig-"
 _GFD_PREFIXES = ("nvidia.com/gpu.compute.", "nvidia.com/cuda.")
 _UUID_NAMESPACE = uuid.UUID("5f0c7a52-2b8e-4c63-9d0e-0b6f4f0e9a11")
 
@@ -178,7 +187,11 @@ def node_conditions(
 
 def is_gfd_label(key: str) -> bool:
     """Whether ``key`` is a GPU Feature Discovery label that is copied when uniform."""
-    return key in _GFD_KEYS or key.startswith(_GFD_PREFIXES)
+    if key in _GFD_KEYS or key.startswith(_GFD_PREFIXES):
+        return True
+    # a MIG profile's memory, multiprocessors and slices describe it wherever it is; how many a
+    # node has does not describe a virtual node
+    return key.startswith(_MIG_PROFILE_PREFIX) and not key.endswith(".count")
 
 
 def selects(node: Mapping[str, Any], selector: Mapping[str, str] | None) -> bool:
@@ -187,13 +200,17 @@ def selects(node: Mapping[str, Any], selector: Mapping[str, str] | None) -> bool
     return all(labels.get(key) == value for key, value in (selector or {}).items())
 
 
-def _gpus(node: Mapping[str, Any]) -> Decimal:
-    status = node.get("status") or {}
-    raw = (status.get("allocatable") or status.get("capacity") or {}).get(GPU)
+def _amount(raw: Any) -> Decimal:
+    """A node's quantity; an unreadable one is none."""
     try:
         return parse_quantity(raw) if raw is not None else Decimal(0)
     except ValueError:
         return Decimal(0)
+
+
+def _gpus(node: Mapping[str, Any]) -> Decimal:
+    status = node.get("status") or {}
+    return _amount((status.get("allocatable") or status.get("capacity") or {}).get(GPU))
 
 
 def _gpu_nodes(
@@ -202,14 +219,28 @@ def _gpu_nodes(
     return [n for n in nodes if selects(n, selector) and _gpus(n) > 0]
 
 
-def uniform_gpu_labels(
-    provider_nodes: Iterable[Mapping[str, Any]], selector: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """GFD labels with the same value on every provider node with GPUs that ``selector`` picks.
+def _has_device(node: Mapping[str, Any], devices: frozenset[str] | None) -> bool:
+    """Whether ``node`` has some of ``devices`` (None: of any device resource)."""
+    status = node.get("status") or {}
+    for res, raw in (status.get("allocatable") or status.get("capacity") or {}).items():
+        if (res in devices if devices is not None else is_device(res)) and _amount(raw) > 0:
+            return True
+    return False
 
-    Nodes without GPUs are left out (a GPU pod's twin never lands there). No such node: none.
+
+def uniform_gpu_labels(
+    provider_nodes: Iterable[Mapping[str, Any]],
+    selector: Mapping[str, str] | None = None,
+    granted: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """GFD labels with the same value on every provider node with devices that ``selector`` picks.
+
+    Only nodes with some of a device the grant covers count (a twin asking for MIG instances never
+    lands on a whole-GPU node); with no device in the grant (or no grant given), nodes with any
+    device. No such node: none.
     """
-    gpu_nodes = _gpu_nodes(provider_nodes, selector)
+    devices = frozenset(r for r in (granted or {}) if is_device(r)) or None
+    gpu_nodes = [n for n in provider_nodes if selects(n, selector) and _has_device(n, devices)]
     if not gpu_nodes:
         return {}
     first, *rest = (dict((n.get("metadata") or {}).get("labels") or {}) for n in gpu_nodes)
@@ -238,7 +269,7 @@ def provider_gpu_labels(
 ) -> dict[str, str]:
     """The labels copied or derived from the provider: uniform GFD labels and ``gpu.count``."""
     nodes = list(provider_nodes)
-    labels = uniform_gpu_labels(nodes, selector)
+    labels = uniform_gpu_labels(nodes, selector, granted)
     count = gpu_count_label(nodes, selector, granted)
     if count is not None:
         labels[GPU_COUNT_LABEL] = count
@@ -252,6 +283,7 @@ def node_shape(largest: Mapping[str, Decimal], granted: Mapping[str, str]) -> di
     return {
         name: format_quantity(max(min(largest.get(name, Decimal(0)), amount), Decimal(0)), like=name)
         for name, amount in sorted(grant.items())
+        if dra_class(name) is None  # claimed from ResourceSlices, not placed as a block
     }
 
 
@@ -329,7 +361,8 @@ def virtual_node(
         LARGEST_BLOCK_ANNOTATION: orjson.dumps(dict(shape), option=orjson.OPT_SORT_KEYS).decode(),
         MANAGED_LABELS_ANNOTATION: ",".join(sorted(labels)),
     }
-    granted = {key: str(value) for key, value in resources.items()}
+    # DRA devices are not a node resource: they are the node's ResourceSlices (vk.forge.devices)
+    granted = {key: str(value) for key, value in resources.items() if dra_class(key) is None}
     return {
         "apiVersion": "v1",
         "kind": "Node",

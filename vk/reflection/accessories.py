@@ -1,14 +1,16 @@
-"""ConfigMaps and Secrets of offloaded pods, copied to the twin namespace and kept in sync.
+"""ConfigMaps, Secrets and DRA claim templates and claims of offloaded pods, copied to the twin
+namespace and kept in sync.
 
-One :class:`AccessoryReflector` per kind, the same shape for both: keys are
+One :class:`AccessoryReflector` per kind, the same shape for all: keys are
 ``(namespace, name)`` on the consumer; ``reconcile`` compares what the consumer's pods on the
 virtual node reference with what the twin namespace holds, and creates, replaces or deletes the
 copy (only copies gpuferry made: an object of the same name made on the provider by someone else
 is reported, never touched).
 
 What wakes a key up: a change of a consumer pod on the node (the names it references, before and
-after), a change of the consumer object (one informer per namespace that has pods on the node,
-held by :meth:`AccessoryReflector.run`), and the periodic resync. Before a twin is created,
+after), a change of the consumer object (one informer per namespace where a pod on the node
+references an object of the kind, held by :meth:`AccessoryReflector.run`), and the periodic
+resync. Before a twin is created,
 the pod reflector calls :meth:`ensure_for`, so that the copies exist before the provider's
 kubelet looks for them.
 """
@@ -23,7 +25,15 @@ from kube.errors import AlreadyExists, Conflict, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
-from kube.objects import CONFIGMAPS, SECRETS, ObjectKey, RawObject, Resource
+from kube.objects import (
+    CONFIGMAPS,
+    RESOURCECLAIMS,
+    RESOURCECLAIMTEMPLATES,
+    SECRETS,
+    ObjectKey,
+    RawObject,
+    Resource,
+)
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
 from kube.settings import QueueSettings, WatchSettings
@@ -39,7 +49,14 @@ logger = logging.getLogger(__name__)
 _COPIES = counter(
     "vk_accessory_copies", "ConfigMap/Secret copies written to twin namespaces.", ["kind", "op"]
 )
-_RESOURCES: dict[Kind, Resource] = {"configmaps": CONFIGMAPS, "secrets": SECRETS}
+_RESOURCES: dict[Kind, Resource] = {
+    "configmaps": CONFIGMAPS,
+    "secrets": SECRETS,
+    "resourceclaimtemplates": RESOURCECLAIMTEMPLATES,
+    "resourceclaims": RESOURCECLAIMS,
+}
+_REPLACED_WHOLE = frozenset({"resourceclaimtemplates", "resourceclaims"})
+"""Kinds whose spec cannot change: a copy that differs is deleted and made again."""
 
 
 class AccessoryReflector:
@@ -79,9 +96,10 @@ class AccessoryReflector:
         pod = self.pods.get(key)
         now = references(pod)[self.kind] if pod is not None else set()
         before = self._refs.pop(key, set())
-        if pod is not None:
-            if now:  # most pods reference none: nothing kept for them (ten thousand pods)
-                self._refs[key] = now
+        if pod is not None and now:
+            # most pods reference none: nothing kept for them (ten thousand pods), and no watch
+            # of a kind the pods of a namespace never name (DRA claims, in most namespaces)
+            self._refs[key] = now
             self._watch_namespace(namespace)
         for name in now | before:
             self.queue.add(ObjectKey(namespace, name))
@@ -168,7 +186,7 @@ class AccessoryReflector:
             except AlreadyExists:
                 return Requeue(0.5)
         elif copy_differs(copy, desired):
-            if copy.get("immutable"):
+            if copy.get("immutable") or self.kind in _REPLACED_WHOLE:
                 await self.provider.delete(self.resource, key.name, twin_ns)
                 return Requeue(0.5)  # an immutable copy is replaced by delete + create
             desired["metadata"]["resourceVersion"] = copy["metadata"]["resourceVersion"]

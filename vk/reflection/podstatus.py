@@ -26,13 +26,15 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from kube.clients import KubeClient
+from kube.errors import KubeError, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import gauge, histogram
-from kube.objects import PODS, ObjectKey, RawObject
+from kube.objects import PODS, RESOURCECLAIMS, ObjectKey, RawObject
 from kube.reconciling import Requeue
 
 from ..forge.addresses import identity
+from ..forge.devices import claim_device_status, claim_names
 from ..forge.labels import origin_of
 from ..forge.podstatus import local_status, status_patch
 
@@ -68,8 +70,13 @@ class PodStatusReflector:
         twins: Twins,
         node_address: str,
         remap_ip: Callable[[str], str] = identity,
+        provider: KubeClient | None = None,
     ) -> None:
         self.consumer = consumer
+        self.provider = provider
+        """Reads the twins' ResourceClaims, whose allocation goes back to the consumer's claims."""
+        self._claims_back: set[ObjectKey] = set()
+        """Running pods whose claims' device status was written."""
         self.local = local
         self.twins = twins
         self.node_address = node_address
@@ -93,6 +100,7 @@ class PodStatusReflector:
         local, remote = self.local.get(key), self.twins.get(key)
         if local is None or remote is None or local["metadata"].get("deletionTimestamp"):
             self._in_sync.pop(key, None)
+            self._claims_back.discard(key)
             return None
         origin = origin_of(remote)
         if origin is None or origin.uid != local["metadata"]["uid"]:
@@ -102,6 +110,14 @@ class PodStatusReflector:
         if seen[0] is not None and seen[1] is not None and self._in_sync.get(key) == seen:
             return None  # the same inputs as the last pass, which found nothing to write
         new_status = local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=local)
+        if new_status.get("phase") == "Running" and key not in self._claims_back:
+            try:
+                await self._claim_status_back(key, local, remote)
+            except KubeError as exc:  # what the claim says is extra: it never holds the pod's status
+                self._claims_back.add(key)
+                object_logger(logger, "Pod", key).warning(
+                    "the provider's device allocation is not written into the pod's claims: %s", exc
+                )
         patch = status_patch(local.get("status") or {}, new_status)
         if patch is None:
             self._in_sync[key] = seen
@@ -115,6 +131,37 @@ class PodStatusReflector:
         if new_status.get("phase") != old_phase:
             object_logger(logger, "Pod", key).info("phase %s -> %s", old_phase, new_status.get("phase"))
         return None
+
+
+    async def _claim_status_back(self, key: ObjectKey, local: RawObject, remote: RawObject) -> None:
+        """Write, on each of the consumer pod's ResourceClaims, which real device the provider
+        allocated to the twin's claim for it (``status.devices[].data``, see
+        :func:`vk.forge.devices.claim_device_status`); once per running pod."""
+        mine, theirs = claim_names(local), claim_names(remote)
+        if self.provider is None or not mine:
+            self._claims_back.add(key)
+            return
+        log = object_logger(logger, "Pod", key)
+        for ref, name in sorted(mine.items()):
+            if ref not in theirs:
+                return  # the twin's claim is not made yet: the next pass comes back
+            try:
+                twin_ns = remote["metadata"]["namespace"]
+                provider_claim = await self.provider.get(RESOURCECLAIMS, theirs[ref], twin_ns)
+                claim = await self.consumer.get(RESOURCECLAIMS, name, local["metadata"]["namespace"])
+            except NotFound:
+                return
+            devices = claim_device_status(claim, provider_claim)
+            if devices is None:
+                return
+            if (claim.get("status") or {}).get("devices") != devices:
+                patch = {"status": {"devices": devices}}
+                await self.consumer.patch(RESOURCECLAIMS, name, patch, local["metadata"]["namespace"],
+                                          subresource="status")  # fmt: skip
+                log.info("claim %s: allocated on the provider as %s", name,
+                         ", ".join(f"{d['data']['provider']['pool']}/{d['data']['provider']['device']}"
+                                   for d in devices))  # fmt: skip
+        self._claims_back.add(key)
 
 
 def refresh_phase_gauge(local: Mapping[str, int], remote: Mapping[str, int]) -> None:

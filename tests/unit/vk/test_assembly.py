@@ -42,7 +42,8 @@ def test_pods_out_and_status_back_are_two_controllers_named_by_direction() -> No
     assert names.count("sync_pods_to_remote") == names.count("sync_status_from_remote") == 1
     assert set(names) == {
         "sync_pods_to_remote", "sync_status_from_remote", "sync_tokens_to_remote",
-        "sync_configmaps_to_remote", "sync_secrets_to_remote", "sync_services_to_remote",
+        "sync_configmaps_to_remote", "sync_secrets_to_remote", "sync_resourceclaimtemplates_to_remote",
+        "sync_resourceclaims_to_remote", "sync_services_to_remote",
     }  # fmt: skip
     by_name = {c.name: c for c in manager.controllers}
     out, back = by_name["sync_pods_to_remote"], by_name["sync_status_from_remote"]

@@ -602,3 +602,59 @@ def test_pods_asking_the_same_share_one_request() -> None:
     requests = {key.name: request for key, (_, request) in view._pods.items()}
     assert requests["a"] is requests["b"] and requests["a"] is not requests["c"]
     assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 5}  # shared, never changed
+
+
+# ---- shared and partitioned GPUs (issue 18) ---------------------------------------------------
+
+A100_MIG = {
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+    "nvidia.com/gpu.memory": "81920",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mig.strategy": "mixed",
+    "nvidia.com/cuda.driver-version.major": "580",
+    "nvidia.com/mig-1g.10gb.count": "16",
+    "nvidia.com/mig-1g.10gb.memory": "9728",
+    "nvidia.com/mig-1g.10gb.slices.gi": "1",
+    "nvidia.com/gpu.count": "8",
+}
+L4_SHARED = {
+    **L4,
+    "nvidia.com/gpu.product": "NVIDIA-L4-SHARED",
+    "nvidia.com/gpu.replicas": "4",
+    "nvidia.com/gpu.sharing-strategy": "time-slicing",
+}
+
+
+def sharing_fleet() -> list[dict[str, Any]]:
+    return [
+        *fleet(),
+        node("a100-mig-0", gpus=0, labels=A100_MIG, extra={"nvidia.com/mig-1g.10gb": "16"}),
+        node("a100-mig-1", gpus=0, labels={**A100_MIG, "nvidia.com/mig-1g.10gb.count": "14"},
+             extra={"nvidia.com/mig-1g.10gb": "14"}),
+        node("l4-shared-0", gpus=0, labels=L4_SHARED, extra={"nvidia.com/gpu.shared": "16"}),
+    ]
+
+
+def test_a_mig_grant_copies_the_labels_of_the_mig_nodes_only() -> None:
+    # no selector: the whole-GPU nodes are left out, since the grant has none of their GPUs
+    labels = provider_gpu_labels(sharing_fleet(), None, {"nvidia.com/mig-1g.10gb": "20", "cpu": "8"})
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+    assert labels["nvidia.com/mig-1g.10gb.memory"] == "9728"
+    assert labels["nvidia.com/mig-1g.10gb.slices.gi"] == "1"
+    assert "nvidia.com/mig-1g.10gb.count" not in labels  # per node, not the virtual node's
+    assert GPU_COUNT_LABEL not in labels  # no whole GPU granted
+
+
+def test_a_time_sliced_grant_says_how_its_gpus_are_shared() -> None:
+    labels = provider_gpu_labels(sharing_fleet(), None, {"nvidia.com/gpu.shared": "4"})
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+
+
+def test_a_grant_across_sharing_schemes_copies_only_what_they_share() -> None:
+    grant = {"nvidia.com/gpu.shared": "4", "nvidia.com/mig-1g.10gb": "2"}
+    labels = provider_gpu_labels(sharing_fleet(), None, grant)
+    assert "nvidia.com/gpu.product" not in labels and "nvidia.com/gpu.replicas" not in labels
+    assert labels["nvidia.com/cuda.driver-version.major"] == "580"
