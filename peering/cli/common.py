@@ -12,11 +12,12 @@ from typing import Any
 
 import yaml
 
+from kube.accelerators import is_accelerator, short_name
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.objects import NAMESPACES, Resource
 
-__all__ = ["Progress", "UserError", "emit", "kubeconfig_context_name", "parse_pairs"]
+__all__ = ["Progress", "UserError", "emit", "format_resources", "kubeconfig_context_name", "parse_pairs"]
 
 
 class UserError(Exception):
@@ -64,6 +65,15 @@ def kubeconfig_context_name(path: str | None, context: str | None) -> str:
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read kubeconfig {path}: {exc}") from None
     return str(config.get("current-context") or Path(path).stem)
+
+
+def format_resources(resources: Mapping[str, Any] | None) -> str:
+    """``{"nvidia.com/mig-1g.10gb": "7", "cpu": "8"}`` → ``mig-1g.10gb=7, cpu=8``: accelerators
+    first (by their short name), then the rest; ``-`` for none."""
+    if not resources:
+        return "-"
+    order = sorted(resources, key=lambda r: (not is_accelerator(r), r))
+    return ", ".join(f"{short_name(r) if is_accelerator(r) else r}={resources[r]}" for r in order)
 
 
 def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:

@@ -14,18 +14,21 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
+import yaml
 from cryptography import x509
 
+from kube.accelerators import dra_resource, is_accelerator, short_name
 from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import FOREIGNCLUSTERS, NAMESPACES, NODES, PODS, SECRETS, RawObject
+from kube.objects import FOREIGNCLUSTERS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, SECRETS, RawObject
 from kube.quantities import format_quantity, parse_quantity, sum_requests
 
 from .. import flow
 from ..admission import OFFLOADING_NAME
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition
+from ..kueue import cluster_queue, resource_flavor
 from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
 from ..virtualnodes import VIRTUALNODES
 from .common import UserError, emit
@@ -36,6 +39,8 @@ __all__ = ["add_parser", "collect"]
 
 GPU = GPU_RESOURCE
 _TERMINAL = ("Succeeded", "Failed")
+KUEUE_QUEUE = "gpuferry"
+"""The ClusterQueue ``info --kueue`` prints."""
 
 
 def _gpus(pods: Iterable[RawObject]) -> Decimal:
@@ -43,6 +48,80 @@ def _gpus(pods: Iterable[RawObject]) -> Decimal:
     return sum_requests(p for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL).get(
         GPU, Decimal(0)
     )
+
+
+def _claimed(claims: Iterable[RawObject]) -> dict[str, Decimal]:
+    """DRA devices allocated to ``claims``, per DeviceClass (as :func:`dra_resource` names)."""
+    out: dict[str, Decimal] = {}
+    for claim in claims:
+        classes: dict[str, str] = {}
+        for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+            if (request.get("exactly") or {}).get("deviceClassName"):
+                classes[str(request["name"])] = str(request["exactly"]["deviceClassName"])
+            for sub in request.get("firstAvailable") or ():
+                classes[f"{request['name']}/{sub['name']}"] = str(sub.get("deviceClassName"))
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            device_class = classes.get(str(result.get("request")))
+            if device_class:
+                key = dra_resource(device_class)
+                out[key] = out.get(key, Decimal(0)) + 1
+    return out
+
+
+async def _claims_of(client: KubeClient, pods: Iterable[RawObject]) -> list[RawObject]:
+    """The ResourceClaims of unfinished ``pods`` (from templates or shared by name), each once."""
+    names: set[tuple[str, str]] = set()
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in _TERMINAL:
+            continue
+        namespace = str(pod["metadata"].get("namespace") or "")
+        for status in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+            if status.get("resourceClaimName"):
+                names.add((namespace, str(status["resourceClaimName"])))
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or ():
+            if ref.get("resourceClaimName"):
+                names.add((namespace, str(ref["resourceClaimName"])))
+    claims = []
+    for namespace, name in sorted(names):
+        try:
+            claims.append(await client.get(RESOURCECLAIMS, name, namespace))
+        except NotFound:
+            continue
+    return claims
+
+
+def _accelerators(
+    granted: dict[str, Any], pods: Iterable[RawObject], claims: Iterable[RawObject] = ()
+) -> dict[str, dict[str, int | str]]:
+    """Per accelerator resource of a grant (GPUs, MIG instances, shared replicas, HAMi's memory
+    and cores, MetaGPU units, DRA devices): granted, held by unfinished pods (DRA devices: by
+    their ``claims``), free."""
+    used = {
+        **sum_requests(p for p in pods if (p.get("status") or {}).get("phase") not in _TERMINAL),
+        **_claimed(claims),
+    }
+    out: dict[str, dict[str, int | str]] = {}
+    for res in sorted(r for r in granted if is_accelerator(r)):
+        amount, taken = _q(granted[res]), used.get(res, Decimal(0))
+        out[res] = {"granted": _n(amount), "used": _n(taken), "free": _n(max(amount - taken, Decimal(0)))}
+    return out
+
+
+def _sum_accelerators(entries: Iterable[dict[str, Any]]) -> dict[str, dict[str, int | str]]:
+    total: dict[str, dict[str, Decimal]] = {}
+    for entry in entries:
+        for res, amounts in entry["accelerators"].items():
+            acc = total.setdefault(res, {})
+            for k, v in amounts.items():
+                acc[k] = acc.get(k, Decimal(0)) + _q(v)
+    return {res: {k: _n(v) for k, v in amounts.items()} for res, amounts in sorted(total.items())}
+
+
+def _usage(accelerators: dict[str, dict[str, Any]]) -> str:
+    """``gpu 2/8, mig-1g.10gb 0/7``: used/granted of each accelerator; ``-`` for none."""
+    parts = [f"{short_name(r)} {a['used']}/{a['granted']}" for r, a in accelerators.items()]
+    return ", ".join(parts) or "-"
 
 
 def _q(value: Any) -> Decimal:
@@ -106,6 +185,9 @@ async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list
                 "phase": (vn.get("status") or {}).get("phase"),
                 "gpuProduct": labels.get("nvidia.com/gpu.product"),
                 "granted": dict(spec.get("resources") or {}),
+                "accelerators": _accelerators(
+                    dict(spec.get("resources") or {}), pods, await _claims_of(client, pods)
+                ),
                 "largestBlock": labels.get("gpuferry.io/largest-gpu-block"),
                 "gpus": {
                     "granted": _n(granted),
@@ -158,9 +240,14 @@ async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
         namespaces = (await client.list(NAMESPACES, label_selector=f"{LABEL_TENANT}={consumer_id}"))["items"]
         twins = [n["metadata"]["name"] for n in namespaces if n["metadata"]["name"] != ns]
         own = next((n for n in namespaces if n["metadata"]["name"] == ns), {"metadata": {"name": ns}})
-        used = Decimal(0)
+        twin_pods: list[RawObject] = []
         for twin in twins:
-            used += _gpus((await client.list(PODS, twin))["items"])
+            twin_pods += (await client.list(PODS, twin))["items"]
+        used = _gpus(twin_pods)
+        grants: dict[str, Decimal] = {}
+        for s in slices:
+            for res, amount in ((s.get("status") or {}).get("granted") or {}).items():
+                grants[res] = grants.get(res, Decimal(0)) + _q(amount)
         granted = sum(
             (_q(((s.get("status") or {}).get("granted") or {}).get(GPU)) for s in slices), Decimal(0)
         )
@@ -186,6 +273,10 @@ async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
                 ],
                 "twinNamespaces": sorted(twins),
                 "gpus": {"granted": _n(granted), "used": _n(used)},
+                "accelerators": _accelerators(
+                    {k: format_quantity(v) for k, v in grants.items()}, twin_pods,
+                    await _claims_of(client, twin_pods),
+                ),
                 "policy": {
                     k: v
                     for k, v in policy_of(tenant, own).items()
@@ -219,9 +310,18 @@ async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]
     roles = (["consumer"] if providers else []) + (["provider"] if consumers else [])
     granted = sum((_q(p["gpus"]["granted"]) for p in providers), Decimal(0))
     used = sum((_q(p["gpus"]["used"]) for p in providers), Decimal(0))
+    kueue = (
+        {
+            "resourceFlavors": [resource_flavor(str(p["id"])) for p in providers],
+            "clusterQueue": cluster_queue(KUEUE_QUEUE, {str(p["id"]): p["granted"] for p in providers}),
+        }
+        if providers
+        else None
+    )
     return {
         "cluster": {"id": cluster_id, "server": client.base_url},
         "roles": roles,
+        **({"kueue": kueue} if kueue else {}),
         "providers": providers,
         "consumers": consumers,
         "offloadedNamespaces": offloaded,
@@ -230,6 +330,7 @@ async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]
             "providers": len(providers),
             "ready": len([p for p in providers if p["ready"]]),
             "gpus": {"granted": _n(granted), "used": _n(used), "free": _n(max(granted - used, Decimal(0)))},
+            "accelerators": _sum_accelerators(providers),
         },
     }
 
@@ -250,6 +351,7 @@ def _render(data: dict[str, Any], console: Any) -> None:
             "granted",
             "used",
             "largest block",
+            "accelerators (used/granted)",
             "identity until",
         ):
             t.add_column(col)
@@ -262,6 +364,7 @@ def _render(data: dict[str, Any], console: Any) -> None:
                 str(p["gpus"]["granted"]),
                 str(p["gpus"]["used"]),
                 str(p["largestBlock"] or "-"),
+                _usage(p["accelerators"]),
                 str(p["identity"]["notAfter"] or "-"),
             )
         console.print(t)
@@ -277,6 +380,9 @@ def _render(data: dict[str, Any], console: Any) -> None:
             f"GPU pool: {pool['gpus']['granted']} granted by {pool['providers']} providers "
             f"({pool['ready']} ready), {pool['gpus']['used']} in use, {pool['gpus']['free']} free"
         )
+        shared = {r: a for r, a in pool["accelerators"].items() if r != GPU}
+        if shared:
+            console.print(f"slices and shares of GPUs (used/granted): {_usage(shared)}")
     if data["offloadedNamespaces"]:
         t = Table(title="offloaded namespaces")
         for col in ("namespace", "strategy", "twin namespaces"):
@@ -289,7 +395,8 @@ def _render(data: dict[str, Any], console: Any) -> None:
         render_rows(data["network"], console)
     if data["consumers"]:
         t = Table(title="consumers (GPUs lent)")
-        for col in ("consumer", "authenticated", "slices", "granted", "used", "twin namespaces"):
+        for col in ("consumer", "authenticated", "slices", "granted", "used", "accelerators (used/granted)",
+                    "twin namespaces"):  # fmt: skip
             t.add_column(col)
         for c in data["consumers"]:
             slices = ", ".join(f"{s['name']}: {s['phase']}" for s in c["slices"]) or "-"
@@ -299,6 +406,7 @@ def _render(data: dict[str, Any], console: Any) -> None:
                 slices,
                 str(c["gpus"]["granted"]),
                 str(c["gpus"]["used"]),
+                _usage(c["accelerators"]),
                 ", ".join(c["twinNamespaces"]) or "-",
             )
         console.print(t)
@@ -310,6 +418,12 @@ async def cmd_info(args: argparse.Namespace) -> int:
     peer = args.peer[1] if args.peer else None
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
         data = await collect(client, peer)
+    if args.kueue:
+        if "kueue" not in data:
+            raise UserError("this cluster borrows no GPUs: there is no provider to queue for")
+        docs = [*data["kueue"]["resourceFlavors"], data["kueue"]["clusterQueue"]]
+        print(yaml.safe_dump_all(docs, sort_keys=False), end="")
+        return 0
     emit(data, args.output, lambda console: _render(data, console))
     return 0
 
@@ -322,4 +436,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     info.add_argument("peer", nargs="*", metavar="peer NAME", help="only this peer: `info peer NAME`")
     info.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    info.add_argument(
+        "--kueue",
+        action="store_true",
+        help=f"print, ready for kubectl apply, a Kueue ResourceFlavor per provider (its virtual node) "
+        f"and a ClusterQueue {KUEUE_QUEUE!r} whose quota is what they grant",
+    )
     info.set_defaults(handler=cmd_info)

@@ -15,6 +15,7 @@ import os
 import re
 from typing import Any
 
+from kube.accelerators import dra_resource, is_device
 from kube.api import GPU_RESOURCE, NETWORK_READY, PROVIDER_LABEL, SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
 from kube.declaration import (
@@ -53,6 +54,7 @@ from .common import (
     delete_and_wait,
     emit,
     ensure_namespace,
+    format_resources,
     kubeconfig_context_name,
     parse_pairs,
 )
@@ -70,17 +72,29 @@ def node_name(provider_id: str) -> str:
 
 
 def requested_resources(args: argparse.Namespace) -> dict[str, str]:
-    """The slice to ask for: GPUs, and CPU, memory and pods to go with them (defaults scale with
-    the GPUs: 8 CPUs and 64 GiB per GPU, 110 pods, as a typical GPU node has)."""
-    if args.gpus is None or args.gpus < 1:
-        raise UserError("say how many GPUs to ask for: --gpus N (N >= 1)")
-    out = {GPU: str(args.gpus), "pods": str(args.pods)}
+    """The slice to ask for: GPUs (or slices and shares of them, with ``--resource``), and CPU,
+    memory and pods to go with them (defaults scale with the GPUs: 8 CPUs and 64 GiB per GPU, a
+    MIG instance or a shared replica counting for its part of one; 110 pods)."""
+    extra = parse_pairs(args.resource, "--resource")
+    for device_class, count in parse_pairs(getattr(args, "devices", None), "--devices").items():
+        extra[dra_resource(device_class)] = count
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError("--gpus N: N must be 1 or more (leave --gpus out to ask only for slices of "
+                        "GPUs with --resource)")  # fmt: skip
+    if args.gpus is None and not any(is_device(key) for key in extra):
+        raise UserError(
+            "say how many GPUs to ask for: --gpus N (N >= 1), slices of them with --resource "
+            "(nvidia.com/mig-1g.10gb=7, nvidia.com/gpu.shared=4, cnvrg.io/metagpu=200), or DRA devices "
+            "with --devices gpu.nvidia.com=N"
+        )
+    out = {"pods": str(args.pods)}
+    if args.gpus is not None:
+        out[GPU] = str(args.gpus)
     if args.cpu:
         out["cpu"] = args.cpu
     if args.memory:
         out["memory"] = args.memory
-    for key, value in parse_pairs(args.resource, "--resource").items():
-        out[key] = value
+    out.update(extra)
     for key, value in out.items():
         check_quantity("--resource", key, value)
     return with_defaults(out)  # what the consumer's controller would fill in: shown before it asks
@@ -529,8 +543,8 @@ async def cmd_peer(args: argparse.Namespace) -> int:
 
         t = Table(title=f"{consumer_id} ⟶ {provider_id}", show_header=False, box=None)
         t.add_row("[bold]identity[/]", f"{identity.get('username')} until {identity.get('notAfter')}")
-        t.add_row("[bold]slice[/]", f"{sl.get('phase')}: {sl.get('granted')}")
-        t.add_row("[bold]largest block[/]", str(sl.get("largestBlock")))
+        t.add_row("[bold]slice[/]", f"{sl.get('phase')}: {format_resources(sl.get('granted'))}")
+        t.add_row("[bold]largest block[/]", format_resources(sl.get("largestBlock")))
         t.add_row(
             "[bold]virtual node[/]",
             f"{node_name(provider_id)} (GPU {labels.get('nvidia.com/gpu.product', '-')})",
@@ -710,15 +724,30 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "provider issues the consumer an identity limited to its tenant, grants a slice of its GPUs, and "
         "the consumer gets a virtual node advertising them. Idempotent: running it again shows the state.",
     )
-    peer.add_argument("--gpus", type=int, help="nvidia.com/gpu to ask for (required)")
-    peer.add_argument("--cpu", help="CPU to ask for (default: 8 per GPU)")
-    peer.add_argument("--memory", help="memory to ask for (default: 64Gi per GPU)")
+    peer.add_argument(
+        "--gpus",
+        type=int,
+        help="whole GPUs (nvidia.com/gpu) to ask for; required unless --resource asks for slices of "
+        "GPUs",
+    )
+    peer.add_argument("--cpu", help="CPU to ask for (default: 8 per GPU; a MIG 1g instance is 1/7 of one)")
+    peer.add_argument("--memory", help="memory to ask for (default: 64Gi per GPU, likewise)")
     peer.add_argument("--pods", type=int, default=110, help="pods the virtual node accepts (110)")
     peer.add_argument(
         "--resource",
         action="append",
         metavar="NAME=QUANTITY",
-        help="any other resource, verbatim (nvidia.com/mig-1g.10gb=7), repeatable",
+        help="any other resource, verbatim, repeatable: MIG instances (nvidia.com/mig-1g.10gb=7), "
+        "time-sliced replicas (nvidia.com/gpu.shared=4), HAMi's GPU memory in MiB and cores in %% "
+        "(nvidia.com/gpumem=20000, nvidia.com/gpucores=50, beside --gpus), MetaGPU units "
+        "(cnvrg.io/metagpu=200)",
+    )
+    peer.add_argument(
+        "--devices",
+        action="append",
+        metavar="CLASS=COUNT",
+        help="GPUs the provider hands out by Dynamic Resource Allocation: devices of its DeviceClass "
+        "CLASS (gpu.nvidia.com=2); pods claim them with ResourceClaims, repeatable",
     )
     peer.add_argument(
         "--selector",

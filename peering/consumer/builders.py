@@ -3,10 +3,13 @@ PeerNetwork, the consumer's network in the Tenant, the ForeignCluster's conditio
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
-from kube.api import GPU_RESOURCE, PROVIDER_LABEL, SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
+from kube.accelerators import gpu_equivalent
+from kube.api import PROVIDER_LABEL, SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
 from kube.declaration import Declaration
 from kube.objects import GPUSLICES, PEERNETWORKS, VIRTUALNODES, RawObject
 from kube.quantities import parse_quantity
@@ -30,14 +33,17 @@ DECIDED = frozenset({"Granted", "PartiallyGranted", "Denied"})
 
 
 def with_defaults(resources: Mapping[str, Any]) -> dict[str, str]:
-    """What a slice asks for, with what GPUs need beside them when not named: 8 CPUs and 64 GiB
-    per GPU (as a typical GPU node has) and 110 pods (a kubelet's default ``--max-pods``). The
-    provider enforces the grant to the letter, so a slice of GPUs alone would fit no pod."""
+    """What a slice asks for, with what its GPUs need beside them when not named: 8 CPUs and
+    64 GiB per GPU (as a typical GPU node has) and 110 pods (a kubelet's default ``--max-pods``).
+    Slices and shares of GPUs count for the part of a GPU they are
+    (:func:`kube.accelerators.gpu_equivalent`: 7 MIG ``1g.10gb`` or 4 shared replicas are one GPU),
+    rounded up. The provider enforces the grant to the letter, so a slice of GPUs alone would fit
+    no pod."""
     out = {str(k): str(v) for k, v in resources.items()}
-    gpus = parse_quantity(out.get(GPU_RESOURCE, "0"))
+    gpus = sum((gpu_equivalent(k, parse_quantity(v)) for k, v in out.items()), Decimal(0))
     if gpus > 0:
-        out.setdefault("cpu", str(int(8 * gpus)))
-        out.setdefault("memory", f"{int(64 * gpus)}Gi")
+        out.setdefault("cpu", str(math.ceil(8 * gpus)))
+        out.setdefault("memory", f"{math.ceil(64 * gpus)}Gi")
     out.setdefault("pods", "110")
     return out
 

@@ -55,6 +55,15 @@ def test_argument_errors_are_one_line_with_where_to_look(args: list[str], said: 
         (["--gpus", "1", "--cluster-id", "a" * 64], "--cluster-id: invalid cluster ID"),
         (["--gpus", "1", "--remote-cluster-id", "GPU_farm"], "--remote-cluster-id: invalid cluster ID"),
         (["--gpus", "1", "--tolerate", "a:Never"], "the effect is NoSchedule, PreferNoSchedule or NoExecute"),
+        ([], "say how many GPUs to ask for: --gpus N (N >= 1), slices of them with --resource"),
+        (["--resource", "cpu=4"], "say how many GPUs to ask for"),
+        (["--gpus", "0", "--resource", "nvidia.com/mig-1g.10gb=7"], "--gpus N: N must be 1 or more"),
+        (["--resource", "nvidia.com/mig-1g.10gb=1.5"], "nvidia.com/mig-1g.10gb comes in whole units"),
+        (["--resource", "nvidia.com/gpu.shared=-1"], "nvidia.com/gpu.shared: '-1' is negative"),
+        (["--devices", "gpu.nvidia.com"], "--devices expects KEY=VALUE, got 'gpu.nvidia.com'"),
+        (["--devices", "gpu.nvidia.com=two"], "'two' is not a Kubernetes quantity"),
+        (["--devices", "gpu.nvidia.com=1.5"], "comes in whole units"),
+        (["--devices", "no such class=1"], "is not a resource name"),
     ],
 )
 def test_peer_checks_every_flag_that_reaches_an_object_before_connecting(flags: list[str], said: str) -> None:
