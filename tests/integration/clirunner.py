@@ -39,6 +39,12 @@ class Cli:
         assert proc.returncode is not None
         return proc.returncode, out.decode(), err.decode()
 
+    def peer_args(self, *extra: str) -> list[str]:
+        """``gpuferry peer`` ml-eu with gpu-farm, quiet and without the network fabric (for the
+        tests about GPUs, not packets); what to ask for follows in ``extra``."""
+        return ["peer", "--kubeconfig", self.c, "--remote-kubeconfig", self.p, "--cluster-id", "ml-eu",
+                "--remote-cluster-id", "gpu-farm", "-q", "--no-network", *extra]  # fmt: skip
+
     async def ok(self, *args: str) -> str:
         code, out, err = await self(*args)
         assert code == 0, f"gpuferry {' '.join(args)} failed ({code}):\n{err}\n{out}"

@@ -33,10 +33,10 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import api_advertise_address, declaration, local_network
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
-from kube.objects import NODES, PODS, VIRTUALNODES, RawObject
+from kube.objects import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
 
 from .clirunner import Cli
-from .waiting import condition, wait_for
+from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration
 
@@ -397,6 +397,57 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         replicas = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy", f"gpuferry-{role}", "-o",
                                    "jsonpath={.status.readyReplicas}")  # fmt: skip
         assert replicas == "2"
+
+
+DRA_TEMPLATE: RawObject = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "one"},
+    "spec": {"spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
+}  # fmt: skip
+DRA_POD: RawObject = {
+    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "claims"},
+    "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}],
+             "containers": [{"name": "c", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}]},
+}  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+async def test_installed_virtual_kubelet_mirrors_dra_devices_and_tells_claims_their_device(
+    installed: None, consumer: LocalCluster, provider: LocalCluster,
+    consumer_client: KubeClient, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Issue 18 §2 with the chart's RBAC: the virtual kubelet's account publishes the mirror's
+    ResourceSlices and DeviceClass and writes, into the consumer's claim, the device the provider
+    allocated (which the API server allows only with the driver's permission as well)."""
+    cli = Cli(consumer, provider, tmp_path / "cache", agents="auto")
+    server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
+    await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q", "--no-network",
+                 "--remote-server", server, "--devices", "gpu.nvidia.com=2")  # fmt: skip
+    node = virtual_node_name("gpu-farm")
+    try:
+        consumer.kubectl("create", "namespace", "chart-dra")
+        await cli.ok("offload", "namespace", "chart-dra", "--kubeconfig", cli.c, "-q")
+        listed = {"apiVersion": "v1", "kind": "List", "items": [DRA_TEMPLATE, DRA_POD]}
+        consumer.kubectl("-n", "chart-dra", "create", "-f", "-", input=json.dumps(listed))
+        running = await wait_for(consumer_client, PODS, "claims",
+                                 lambda p: p["status"].get("phase") == "Running",
+                                 namespace="chart-dra", timeout=90)  # fmt: skip
+        assert running["spec"]["nodeName"] == node
+        mirrored = (await consumer_client.list(RESOURCESLICES))["items"]
+        assert [s["spec"]["pool"]["name"] for s in mirrored if s["spec"]["nodeName"] == node] == [
+            f"{node}/gpu-dra-h100-0"]  # fmt: skip
+        name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        claim = await wait_for(consumer_client, RESOURCECLAIMS, name,
+                               lambda c: bool((c.get("status") or {}).get("devices")),
+                               namespace="chart-dra", timeout=30)  # fmt: skip
+        assert claim["status"]["devices"][0]["data"]["provider"]["pool"] == "gpu-dra-h100-0"
+        await cli.ok("unoffload", "namespace", "chart-dra", "--kubeconfig", cli.c, "-q")
+    finally:
+        consumer.kubectl("delete", "namespace", "chart-dra", "--wait=false", check=False)
+    await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q")
+    # the mirror goes with its Node (owner references: the garbage collector)
+    await wait_for_items(consumer_client, RESOURCESLICES,
+                         lambda items: all(s["spec"].get("nodeName") != node for s in items))  # fmt: skip
 
 
 def gpuferry_objects(cluster: LocalCluster) -> list[str]:

@@ -16,7 +16,7 @@ from cryptography.x509.oid import NameOID
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import Forbidden
-from kube.objects import CSRS, JOBS, NODES, PODS, RESOURCEQUOTAS, RawObject
+from kube.objects import CSRS, DEVICECLASSES, JOBS, NODES, PODS, RESOURCEQUOTAS, RESOURCESLICES, RawObject
 
 from .waiting import condition, wait_for, wait_for_empty
 
@@ -55,8 +55,42 @@ async def test_provider_nodes_look_like_gpu_nodes(
         "gpu-l4-0": "2",
         "gpu-l4-1": "2",
         "cpu-0": None,
+        "gpu-a100-mig-0": None,
+        "gpu-a100-mig-1": None,
+        "gpu-l4-shared-0": None,
+        "gpu-hami-0": "40",
+        "gpu-metagpu-0": None,
+        "gpu-dra-h100-0": None,  # DRA devices, not an extended resource
+        "gpu-dra-l4-0": None,
         **real,
     }
+    # the shared and partitioned pools advertise their own units (issue 18)
+    devices = {
+        name: {k: v for k, v in n["status"]["allocatable"].items() if "/" in k and k != "nvidia.com/gpu"}
+        for name, n in nodes.items()
+    }
+    mig = {"nvidia.com/mig-1g.10gb": "16", "nvidia.com/mig-2g.20gb": "8", "nvidia.com/mig-3g.40gb": "8"}
+    assert devices["gpu-a100-mig-0"] == devices["gpu-a100-mig-1"] == mig
+    assert devices["gpu-l4-shared-0"] == {"nvidia.com/gpu.shared": "16"}
+    assert devices["gpu-hami-0"] == {"nvidia.com/gpumem": "92112", "nvidia.com/gpucores": "400"}
+    assert devices["gpu-metagpu-0"] == {"cnvrg.io/metagpu": "200"}
+    assert devices["gpu-h100-0"] == {}
+    mig_labels = nodes["gpu-a100-mig-0"]["metadata"]["labels"]
+    assert mig_labels["nvidia.com/mig.strategy"] == "mixed"
+    assert mig_labels["nvidia.com/mig-3g.40gb.count"] == "8"
+    shared = nodes["gpu-l4-shared-0"]["metadata"]["labels"]
+    assert shared["nvidia.com/gpu.replicas"] == "4"
+    assert shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert shared["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+    assert [t["key"] for t in nodes["gpu-hami-0"]["spec"]["taints"]] == ["hami.io/vgpu"]
+    # what NVIDIA's DRA driver would publish for the DRA nodes
+    slices = (await provider_client.list(RESOURCESLICES))["items"]
+    dra = {s["spec"]["nodeName"]: s for s in slices if s["spec"]["driver"] == "gpu.nvidia.com"}
+    assert sorted(dra) == ["gpu-dra-h100-0", "gpu-dra-l4-0"]
+    devices_h100 = dra["gpu-dra-h100-0"]["spec"]["devices"]
+    assert len(devices_h100) == 4 and devices_h100[0]["capacity"]["memory"]["value"] == "80Gi"
+    assert devices_h100[0]["attributes"]["productName"] == {"string": "NVIDIA H100 80GB HBM3"}
+    assert (await provider_client.get(DEVICECLASSES, "gpu.nvidia.com"))["spec"]["selectors"]
     h100 = nodes["gpu-h100-0"]["metadata"]["labels"]
     assert h100["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert h100["nvidia.com/gpu.memory"] == "81559"

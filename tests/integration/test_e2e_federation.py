@@ -101,7 +101,8 @@ async def test_a_job_larger_than_one_provider_spreads_over_two(
         assert sorted(r["clusterID"] for r in out["remoteNamespaces"]) == ["gpu-farm", "gpu-farm-b"]
 
         info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))
-        assert info["pool"] == {"providers": 2, "ready": 2, "gpus": {"granted": 8, "used": 0, "free": 8}}
+        assert info["pool"] == {"providers": 2, "ready": 2, "gpus": {"granted": 8, "used": 0, "free": 8},
+                                "accelerators": {"nvidia.com/gpu": {"granted": 8, "used": 0, "free": 8}}}
         assert {p["id"]: p["gpuProduct"] for p in info["providers"]} == {
             "gpu-farm": "NVIDIA-H100-80GB-HBM3",
             "gpu-farm-b": "NVIDIA-A100-SXM4-80GB",

@@ -251,6 +251,10 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     # info, golden (times and URLs masked); the tunnel's figures change from run to run
     info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))
     (tunnel,) = info.pop("network")
+    kueue = info.pop("kueue")  # what Kueue needs to queue for this provider (test_e2e_kueue.py)
+    assert [f["metadata"]["name"] for f in kueue["resourceFlavors"]] == ["gpuferry-gpu-farm"]
+    assert kueue["clusterQueue"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0] == {
+        "name": "nvidia.com/gpu", "nominalQuota": "4"}
     assert tunnel["bytes"]["received"] > 0 and tunnel["bytes"]["sent"] > 0
     shown = ("peer", "namespace", "ready", "reason", "endpoint", "backend", "remaps")
     assert {k: tunnel[k] for k in shown} == {
@@ -277,7 +281,12 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
                 "remoteNamespaces": [{"provider": "gpu-farm", "namespace": twin_ns}],
             }
         ],
-        "pool": {"providers": 1, "ready": 1, "gpus": {"granted": 4, "used": 0, "free": 4}},
+        "pool": {
+            "providers": 1,
+            "ready": 1,
+            "gpus": {"granted": 4, "used": 0, "free": 4},
+            "accelerators": {"nvidia.com/gpu": {"granted": 4, "used": 0, "free": 4}},
+        },
         "providers": [
             {
                 "id": "gpu-farm",
@@ -287,6 +296,7 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
                 "phase": "Running",
                 "gpuProduct": "NVIDIA-H100-80GB-HBM3",
                 "granted": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4", "pods": "110"},
+                "accelerators": {"nvidia.com/gpu": {"granted": 4, "used": 0, "free": 4}},
                 "largestBlock": "4",
                 "gpus": {"granted": 4, "used": 0, "free": 4},
                 "pods": 0,
@@ -300,6 +310,7 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
     (tenant,) = provider_info["consumers"]
     assert tenant["authenticated"] and tenant["twinNamespaces"] == [twin_ns]
     assert tenant["gpus"] == {"granted": 4, "used": 0}
+    assert tenant["accelerators"] == {"nvidia.com/gpu": {"granted": 4, "used": 0, "free": 4}}
 
     # the consumer's own identity on the provider: its tenant and twin namespaces, nothing else
     secret = await consumer_client.get(SECRETS, "gpuferry-identity-gpu-farm", "gpuferry-system")
@@ -579,8 +590,7 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
 def peer_quietly(cli: Cli) -> list[str]:
     """``gpuferry peer`` ml-eu with gpu-farm, quiet and without the network fabric (for the
     tests about GPUs, not packets); the GPUs and the selector follow."""
-    return ["peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--cluster-id", "ml-eu",
-            "--remote-cluster-id", "gpu-farm", "-q", "--no-network"]  # fmt: skip
+    return cli.peer_args()
 
 
 def node_gpus_are(value: str) -> Any:

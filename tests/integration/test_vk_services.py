@@ -11,7 +11,16 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists
-from kube.objects import CONFIGMAPS, ENDPOINTSLICES, NAMESPACES, PEERNETWORKS, PODS, SERVICES, RawObject
+from kube.objects import (
+    CONFIGMAPS,
+    ENDPOINTSLICES,
+    NAMESPACES,
+    PEERNETWORKS,
+    PODS,
+    SECRETS,
+    SERVICES,
+    RawObject,
+)
 from netfabric.keys import generate_private_key, public_key
 from peering.crds import ensure_crds
 from vk.forge.services import slice_name
@@ -128,7 +137,8 @@ async def test_a_namespace_without_pods_on_the_node_is_watched_no_more(
 ) -> None:
     """Issue 15, many namespaces: the per-namespace watches (ConfigMaps, Secrets, Services and
     their EndpointSlices on the consumer, Events on the provider) were started and never stopped.
-    They stop when the node's last pod in the namespace goes, and start again with the next."""
+    They stop when the node's last pod in the namespace goes, and start again with the next; a
+    ConfigMap or Secret watch is held only where a pod of the node names an object of that kind."""
     watches = ("watch-consumer-configmaps", "watch-consumer-secrets", "watch-consumer-services",
                "watch-provider-events")  # fmt: skip
 
@@ -136,25 +146,35 @@ async def test_a_namespace_without_pods_on_the_node_is_watched_no_more(
         samples = await scrape(vk.settings.metrics_port)
         return {w: samples[("gpuferry_vk_namespace_watches", frozenset({("reflector", w)}))] for w in watches}
 
-    async def until_held(count: int) -> None:
+    async def until_held(count: int, **other: int) -> None:
+        want = {w: float(other.get(w.removeprefix("watch-").replace("-", "_"), count)) for w in watches}
         for _ in range(100):
-            if set((await held()).values()) == {count}:
+            if await held() == want:
                 return
             await asyncio.sleep(0.2)
-        raise AssertionError(f"not {count} watches each: {await held()}")
+        raise AssertionError(f"not {want}: {await held()}")
+
+    def mounting(name: str, *kinds: str) -> dict[str, Any]:
+        body = pod(name, 1)
+        sources = {"configMap": {"name": "hyper"}, "secret": {"secretName": "token"}}
+        body["spec"]["volumes"] = [{"name": k.lower(), k: sources[k]} for k in kinds]
+        body["spec"]["containers"][0]["volumeMounts"] = [
+            {"name": k.lower(), "mountPath": f"/etc/{k.lower()}"} for k in kinds
+        ]
+        return body
 
     namespaces = [await make_namespace(consumer_client) for _ in range(3)]
     for ns in namespaces:
         hyper = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "hyper"}, "data": {"lr": "1"}}
+        token = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "token"}, "data": {"t": "eA=="}}
         await consumer_client.create(CONFIGMAPS, hyper, ns)
+        await consumer_client.create(SECRETS, token, ns)
         await consumer_client.create(SERVICES, service("llm", {"app": "serve"}, 80), ns)
-        body = pod("train", 1)
-        body["spec"]["volumes"] = [{"name": "hyper", "configMap": {"name": "hyper"}}]
-        body["spec"]["containers"][0]["volumeMounts"] = [{"name": "hyper", "mountPath": "/etc/hyper"}]
-        await consumer_client.create(PODS, body, ns)
+        await consumer_client.create(PODS, mounting("train", "configMap", "secret"), ns)
     for ns in namespaces:
         await wait_for(consumer_client, PODS, "train", running, namespace=ns, timeout=60)
         await wait_for(provider_client, CONFIGMAPS, "hyper", lambda c: True, namespace=vk.twin_ns(ns))
+        await wait_for(provider_client, SECRETS, "token", lambda c: True, namespace=vk.twin_ns(ns))
     await until_held(3)
 
     # the pods go: the watches go, and what was copied for them
@@ -162,17 +182,16 @@ async def test_a_namespace_without_pods_on_the_node_is_watched_no_more(
         await consumer_client.delete(PODS, "train", ns, grace_period_seconds=0)
     for ns in namespaces:
         await wait_for_deletion(provider_client, CONFIGMAPS, "hyper", vk.twin_ns(ns), timeout=30)
+        await wait_for_deletion(provider_client, SECRETS, "token", vk.twin_ns(ns), timeout=30)
         await wait_for_deletion(provider_client, SERVICES, "llm", vk.twin_ns(ns), timeout=30)
     await until_held(0)
 
-    # a pod comes back to one of them: watched again, and a change of its ConfigMap reaches the copy
+    # a pod comes back to one of them, naming only the ConfigMap: watched again, but not its Secrets,
+    # and a change of its ConfigMap reaches the copy
     ns = namespaces[0]
-    body = pod("again", 1)
-    body["spec"]["volumes"] = [{"name": "hyper", "configMap": {"name": "hyper"}}]
-    body["spec"]["containers"][0]["volumeMounts"] = [{"name": "hyper", "mountPath": "/etc/hyper"}]
-    await consumer_client.create(PODS, body, ns)
+    await consumer_client.create(PODS, mounting("again", "configMap"), ns)
     await wait_for(consumer_client, PODS, "again", running, namespace=ns, timeout=60)
-    await until_held(1)
+    await until_held(1, consumer_secrets=0)
     await consumer_client.patch(CONFIGMAPS, "hyper", {"data": {"lr": "2"}}, ns)
     await wait_for(provider_client, CONFIGMAPS, "hyper", lambda c: c.get("data") == {"lr": "2"},
                    namespace=vk.twin_ns(ns), timeout=30)  # fmt: skip

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from kube.clients import KubeClient
-from kube.objects import RawObject, Resource
+from kube.objects import ObjectKey, RawObject, Resource
 from kube.watching import Listed, WatchEvent, watch_objects
 
 
@@ -50,6 +50,40 @@ def condition(obj: RawObject, type_: str) -> RawObject | None:
         if cond.get("type") == type_:
             return dict(cond)
     return None
+
+
+async def wait_for_items(
+    client: KubeClient,
+    resource: Resource,
+    predicate: Callable[[list[RawObject]], bool],
+    *,
+    namespace: str | None = None,
+    timeout: float = 30.0,
+) -> list[RawObject]:
+    """The first list of ``resource`` objects for which ``predicate`` holds (watched, not polled);
+    TimeoutError shows the names last seen."""
+    present: dict[ObjectKey, RawObject] = {}
+
+    async def watch() -> list[RawObject]:
+        listed = False
+        async for item in watch_objects(client, resource, namespace=namespace):
+            if isinstance(item, Listed):
+                listed = True
+                for key in [k for k in present if k not in item.keys]:
+                    del present[key]
+            elif item.type == "DELETED":
+                present.pop(item.key, None)
+            else:
+                present[item.key] = item.object
+            if listed and predicate(list(present.values())):
+                return list(present.values())
+        raise AssertionError("watch_objects ended")
+
+    try:
+        return await asyncio.wait_for(watch(), timeout)
+    except TimeoutError:
+        names = sorted(str(k.name) for k in present)
+        raise TimeoutError(f"{resource.plural} not as expected after {timeout}s: {names}") from None
 
 
 async def wait_for_empty(client: KubeClient, resource: Resource, namespace: str, timeout: float = 60) -> None:
