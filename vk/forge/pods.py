@@ -1,7 +1,8 @@
 """The twin pod: a consumer pod bound to the virtual node, forged for the provider.
 
-:func:`remote_pod` builds the twin to create; :func:`remote_pod_update` the JSON merge patch that
-brings an existing twin in line with a changed consumer pod. Both are pure.
+:func:`remote_pod` builds the twin to create; :func:`remote_pod_update` the strategic merge patch
+that brings an existing twin in line with a changed consumer pod; :func:`twin_projection` what
+is kept of a watched twin. All are pure.
 
 What the twin keeps, drops and changes (each for a reason an operator can check):
 
@@ -53,6 +54,7 @@ __all__ = [
     "is_service_account_volume",
     "remote_pod",
     "remote_pod_update",
+    "twin_projection",
 ]
 
 DROPPED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
@@ -225,22 +227,18 @@ def _map_patch(
     return patch
 
 
-def _image_patch(current: list[dict[str, Any]], desired: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-    """The twin's container list with the consumer's new images, or ``None`` if none changed.
-
-    A merge patch replaces lists whole, so the twin's own list (with anything the provider's
-    admission added) is sent back with only ``image`` changed: the one field the API allows.
-    """
+def _image_patch(current: list[dict[str, Any]], desired: list[dict[str, Any]]) -> list[dict[str, str]] | None:
+    """The containers whose image the consumer changed, as ``{"name", "image"}`` entries of a
+    strategic merge patch (merged into the twin's list by name, so what the provider's admission
+    added stays), or ``None`` if none changed. ``image`` is the one container field the API lets
+    change on a running pod."""
     images = {c.get("name"): c.get("image") for c in desired}
-    changed = False
-    result = []
-    for container in current:
-        image = images.get(container.get("name"))
-        if image is not None and image != container.get("image"):
-            container = {**container, "image": image}
-            changed = True
-        result.append(container)
-    return result if changed else None
+    changed = [
+        {"name": str(c["name"]), "image": str(images[c["name"]])}
+        for c in current
+        if images.get(c.get("name")) is not None and images[c.get("name")] != c.get("image")
+    ]
+    return changed or None
 
 
 def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
@@ -255,14 +253,34 @@ def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
     tolerations = current.get("tolerations") or []
     added = [t for t in desired.get("tolerations") or () if t not in tolerations]
     if added:
-        patch["tolerations"] = [*tolerations, *added]
+        patch["tolerations"] = [*tolerations, *added]  # no merge key: the list is replaced whole
     return patch
+
+
+_TWIN_SPEC_READ = ("activeDeadlineSeconds", "tolerations", "resourceClaims", "nodeName")
+
+
+def twin_projection(twin: Mapping[str, Any]) -> dict[str, Any]:
+    """What the virtual kubelet keeps of a twin it watches: metadata, the status, and of the spec
+    only what :func:`remote_pod_update` and the status and claim reflection read (container
+    names and images, the deadline, tolerations, claims, the node).
+    The rest of the spec (resources, env, mounts, probes, defaults the API server filled in) is
+    about half of a twin's bytes, times ten thousand twins (issue 15)."""
+    spec = twin.get("spec")
+    if not isinstance(spec, dict):
+        return dict(twin)
+    kept: dict[str, Any] = {k: spec[k] for k in _TWIN_SPEC_READ if k in spec}
+    for field in _CONTAINER_LISTS:
+        if field in spec:
+            kept[field] = [{"name": c.get("name"), "image": c.get("image")} for c in spec[field] or ()]
+    return {**twin, "spec": kept}
 
 
 def remote_pod_update(
     local: Mapping[str, Any], remote: Mapping[str, Any], opts: ForgeOptions
 ) -> dict[str, Any] | None:
-    """The JSON merge patch that brings the twin ``remote`` in line with ``local``, or ``None``.
+    """The strategic merge patch that brings the twin ``remote`` in line with ``local``, or
+    ``None``. ``remote`` may be a :func:`twin_projection`.
 
     Only what Kubernetes lets change on an existing pod is patched: container and init-container
     images, ``activeDeadlineSeconds`` (set or lowered, as the consumer's API server already

@@ -7,7 +7,8 @@ either side queues the same key, and a reconciler sees both objects at once.
 Both are compact :class:`kube.informers.Informer` stores of projections
 (:func:`kube.informers.drop_noise`: a pod without its managed fields and last-applied
 annotation, most of its bytes and read by nobody here), kept as JSON bytes: ~3 KB a pod
-instead of ~12 KB as a dict, for ten thousand pods on each side (issue 15).
+instead of ~12 KB as a dict, for ten thousand pods on each side (issue 15). Twins keep only the
+part of their spec that is read (:func:`vk.forge.pods.twin_projection`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from kube.objects import PODS, ObjectKey, RawObject
 from kube.settings import WatchSettings
 
 from ..forge.labels import origin_of, owner_selector
+from ..forge.pods import twin_projection
 
 __all__ = [
     "PodPhases",
@@ -57,6 +59,10 @@ def consumer_pods(client: KubeClient, node: str, *, settings: WatchSettings | No
                     key_of=consumer_key, project=drop_noise, settings=settings, compact=True)  # fmt: skip
 
 
+def _twin_projection(pod: RawObject) -> RawObject:
+    return twin_projection(drop_noise(pod))
+
+
 def twin_pods(
     client: KubeClient,
     consumer_id: str,
@@ -68,7 +74,7 @@ def twin_pods(
 ) -> Informer:
     """The twins of ``consumer_id``'s pods (in ``namespace``, or everywhere), by consumer key."""
     return Informer(client, PODS, name=name, namespace=namespace, label_selector=owner_selector(consumer_id),
-                    key_of=twin_key_for(consumer_id), project=drop_noise, settings=settings,
+                    key_of=twin_key_for(consumer_id), project=_twin_projection, settings=settings,
                     retry_permanent=retry_permanent, compact=True)  # fmt: skip
 
 

@@ -320,7 +320,7 @@ class PodReflector:
         if spec_patch is None:
             return False
         meta = remote["metadata"]
-        await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"])
+        await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"], patch_type="strategic")
         log.info("twin updated: %s", sorted(spec_patch))
         return True
 

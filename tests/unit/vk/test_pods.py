@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from vk.forge.pods import ForgeOptions, remote_pod, remote_pod_update
+from vk.forge.pods import ForgeOptions, remote_pod, remote_pod_update, twin_projection
 
 from .builders import CONSUMER_ID, PROVIDER_ID, VIRTUAL_NODE_TOLERATION, consumer_pod, container, pod
 
@@ -212,9 +213,9 @@ def test_update_images_deadline_and_added_tolerations() -> None:
     patch = remote_pod_update(local, remote, OPTS)
     assert patch is not None
     assert set(patch) == {"spec"}
-    containers = patch["spec"]["containers"]
-    assert containers == [{**remote["spec"]["containers"][0], "image": "nvcr.io/nvidia/pytorch:24.06-py3"}]
-    assert containers[0]["env"] == [{"name": "INJECTED_BY_WEBHOOK", "value": "1"}], "provider fields kept"
+    # a strategic merge patch: the container is merged by name, so what the provider added stays
+    name = remote["spec"]["containers"][0]["name"]
+    assert patch["spec"]["containers"] == [{"name": name, "image": "nvcr.io/nvidia/pytorch:24.06-py3"}]
     assert patch["spec"]["activeDeadlineSeconds"] == 3600
     assert patch["spec"]["tolerations"] == [*remote["spec"]["tolerations"], extra]
     assert VIRTUAL_NODE_TOLERATION not in patch["spec"]["tolerations"]
@@ -289,3 +290,27 @@ def test_twins_carry_the_grants_tolerations_of_tainted_provider_nodes() -> None:
     local["spec"]["tolerations"].append(gpu)  # the user tolerates it too: still once
     assert remote_pod(local, opts)["spec"]["tolerations"] == [{"key": "zone", "operator": "Exists"}, gpu]
     assert remote_pod_update(local, twin, opts) is None
+
+
+def test_a_projected_twin_patches_as_the_whole_twin_would() -> None:
+    """The twin informers keep a projection (issue 15, memory at 10,000 pods): what the update
+    reads must be in it, so the patch is the same as from the whole twin."""
+    local = consumer_pod()
+    remote = _twin_as_read(local)
+    remote["spec"]["activeDeadlineSeconds"] = 600
+    remote["status"] = {"phase": "Running", "podIP": "10.244.3.7", "containerStatuses": [{"name": "x"}]}
+    projected = twin_projection(remote)
+    assert remote_pod_update(local, projected, OPTS) is None
+    local["spec"]["containers"][0]["image"] = "nvcr.io/nvidia/pytorch:24.06-py3"
+    local["spec"]["activeDeadlineSeconds"] = 300
+    local["spec"]["tolerations"].append({"key": "dedicated", "operator": "Exists"})
+    local["metadata"]["labels"]["stage"] = "eval"
+    whole = remote_pod_update(local, remote, OPTS)
+    assert whole is not None and set(whole["spec"]) == {"containers", "activeDeadlineSeconds", "tolerations"}
+    assert remote_pod_update(local, projected, OPTS) == whole
+    assert projected["spec"]["nodeName"] == "gpu-node-3"
+    assert projected["metadata"] == remote["metadata"] and projected["status"] == remote["status"]
+    assert projected["spec"]["containers"] == [
+        {"name": c["name"], "image": c["image"]} for c in remote["spec"]["containers"]
+    ]
+    assert len(json.dumps(projected["spec"])) < len(json.dumps(remote["spec"])) / 2
