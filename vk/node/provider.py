@@ -86,6 +86,9 @@ class ProviderView:
         self.on_change = on_change
         self.ignored_selector_keys = ignored_selector_keys
         self.nodes: dict[str, RawObject] = {}
+        self.nodes_version = 0
+        """Counts the changes of :attr:`nodes`: what is derived from the nodes alone (the GPU
+        labels of the virtual node) is kept until it moves."""
         self._allocatable: dict[str, ResourceList] = {}
         self._pods: dict[ObjectKey, tuple[str, ResourceList]] = {}
         self._used: dict[str, ResourceList] = {}
@@ -175,6 +178,7 @@ class ProviderView:
         self.on_change()
 
     def _node_changed(self) -> None:
+        self.nodes_version += 1
         self._eligible.clear()
         self._changed()
 

@@ -29,7 +29,9 @@ from vk.forge.node import (
     uniform_gpu_labels,
     virtual_node,
 )
+from vk.node.controller import NodeController
 from vk.node.provider import ProviderView, identity_keys
+from vk.settings import VirtualKubeletSettings
 
 from .builders import PROVIDER_ID, VIRTUAL_NODE, gpu_pod, node
 
@@ -658,3 +660,31 @@ def test_a_grant_across_sharing_schemes_copies_only_what_they_share() -> None:
     labels = provider_gpu_labels(sharing_fleet(), None, grant)
     assert "nvidia.com/gpu.product" not in labels and "nvidia.com/gpu.replicas" not in labels
     assert labels["nvidia.com/cuda.driver-version.major"] == "580"
+
+
+def test_the_nodes_gpu_labels_follow_the_provider_nodes_between_updates() -> None:
+    """The controller keeps the GPU labels it read until a provider node changes (issue 15: a
+    burst of pods marks the Node dirty every second); each kind of node change reaches them."""
+    settings = VirtualKubeletSettings(
+        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
+        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
+    )  # fmt: skip
+    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
+    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    view = controller.view
+
+    def labels() -> dict[str, str]:
+        return controller.desired(None)["metadata"]["labels"]
+
+    feed(view, [node("h100-0", labels=H100), node("h100-1", labels=H100)], [])
+    assert labels()["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    view.handle_pod(WatchEvent("ADDED", gpu_pod("p", "h100-0")))  # pods change nothing here
+    assert labels()["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    view.handle_node(WatchEvent("ADDED", node("l4-0", gpus=2, labels=L4)))  # no longer uniform
+    assert "nvidia.com/gpu.product" not in labels()
+    view.handle_node(WatchEvent("DELETED", node("l4-0", gpus=2, labels=L4)))
+    assert labels()["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    view.handle_node(WatchEvent("MODIFIED", node("h100-1", labels={**H100, "nvidia.com/gpu.memory": "1"})))
+    assert "nvidia.com/gpu.memory" not in labels()
+    view.handle_node(listed(node("h100-0", labels=H100)))  # a relist without h100-1
+    assert labels()["nvidia.com/gpu.memory"] == "81559"
