@@ -87,7 +87,8 @@ def _https_ok(spec: ClusterSpec, port: int, path: str, *, client_cert: bool) -> 
     return _get_ok(http.client.HTTPSConnection("127.0.0.1", port, timeout=2, context=ctx), path)
 
 
-def _http_ok(port: int, path: str) -> bool:
+def http_ok(port: int, path: str) -> bool:
+    """Whether ``GET path`` on loopback ``port`` answers 200 (health checks of local processes)."""
     return _get_ok(http.client.HTTPConnection("127.0.0.1", port, timeout=2), path)
 
 
@@ -237,7 +238,7 @@ class LocalCluster:
                     "--listen-metrics-urls=",
                     "--log-level=warn",
                 ],
-                healthy=lambda: _http_ok(p.etcd_client, "/health"),
+                healthy=lambda: http_ok(p.etcd_client, "/health"),
                 ports=[p.etcd_client, p.etcd_peer],
             ),
             "kube-apiserver": Component(
@@ -327,7 +328,7 @@ class LocalCluster:
                     f"--enable-crds={','.join(KWOK_DEBUGGING_CRDS)}",
                     *[a for s in stages for a in ("-c", s)],
                 ],
-                healthy=lambda: _http_ok(p.kwok, "/healthz"),
+                healthy=lambda: http_ok(p.kwok, "/healthz"),
                 ports=[p.kwok],
                 # kwok always merges ~/.kwok/kwok.yaml unless given a work dir of its own
                 env={"KWOK_WORKDIR": str(spec.run_dir / "kwok")},

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from .binaries import Binaries
-from .cluster import LocalCluster, _http_ok
+from .cluster import LocalCluster, http_ok
 from .pki import ensure_server_cert
 from .processes import Component
 
@@ -111,7 +111,7 @@ def start_kueue(cluster: LocalCluster, binaries: Binaries, *, timeout: float = 1
             "--zap-log-level=2",
             "--feature-gates=VisibilityOnDemand=false",
         ],
-        healthy=lambda: _http_ok(health, "/readyz"),
+        healthy=lambda: http_ok(health, "/readyz"),
         ports=list(kueue_ports(cluster)),
         env={"KUBECONFIG": str(cluster.spec.kubeconfig)},
     )
