@@ -8,7 +8,8 @@ For each VirtualNode the consumer agent (installed by the chart) keeps:
   so it cannot be owned by the namespaced VirtualNode: labelled, and removed by the agent);
 * a Deployment ``gf-vk-<name>``, owned by the VirtualNode: one replica, ``Recreate`` (two kubelets
   for one node never overlap), ``python -m vk --virtual-node NS/NAME`` with its kubelet API on
-  the pod's IP, the VirtualNode's generation in the pod template (a spec change rolls it).
+  the pod's IP, a digest of the VirtualNode's spec in the pod template (a change of what the
+  kubelet reads at start rolls it; see :func:`kube.api.kubelet_spec_digest`).
 
 :func:`kubelet_state` reads the Deployment and its pods into the VirtualNode's
 ``status.phase`` and ``KubeletRunning`` condition, with the reason a user needs (an image not on
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kube.api import SYSTEM_NAMESPACE, VirtualKubeletExit
+from kube.api import SYSTEM_NAMESPACE, VirtualKubeletExit, kubelet_spec_digest
 from kube.objects import CLUSTERROLEBINDINGS, DEPLOYMENTS, SERVICEACCOUNTS, VIRTUALNODES, RawObject
 
 from .conditions import status_condition
@@ -30,7 +31,7 @@ from .podtrouble import pod_trouble
 
 __all__ = [
     "COMPONENT",
-    "GENERATION_ANNOTATION",
+    "SPEC_ANNOTATION",
     "VIRTUAL_NODE_LABEL",
     "VIRTUAL_NODE_NAMESPACE_LABEL",
     "KubeletState",
@@ -47,7 +48,8 @@ __all__ = [
 COMPONENT = "virtual-kubelet"
 VIRTUAL_NODE_LABEL = "gpuferry.io/virtual-node"
 VIRTUAL_NODE_NAMESPACE_LABEL = "gpuferry.io/virtual-node-namespace"
-GENERATION_ANNOTATION = "gpuferry.io/virtual-node-generation"
+SPEC_ANNOTATION = "gpuferry.io/virtual-node-spec"
+
 MANAGED_BY = "gpuferry-consumer"
 
 
@@ -225,7 +227,7 @@ def deployment(vn: RawObject, settings: KubeletWorkloadSettings) -> RawObject:
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {GENERATION_ANNOTATION: str(meta.get("generation", ""))},
+                    "annotations": {SPEC_ANNOTATION: kubelet_spec_digest(vn.get("spec"))},
                 },
                 "spec": pod_spec,
             },

@@ -16,6 +16,7 @@ import signal
 from collections.abc import Iterator
 from typing import Literal
 
+from kube.api import kubelet_spec_digest
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.informers import Informer
@@ -88,12 +89,12 @@ async def run_virtual_node(
     Stopped otherwise, it returns as :func:`run` does (the Node stays, as a stopped kubelet's).
     """
     async with KubeClient.from_config(base.consumer_kubeconfig, settings=base.consumer_client) as consumer:
-        settings, generation = await read_virtual_node(consumer, namespace, name, base)
-        logger.info("VirtualNode %s/%s generation %s: node %s for provider %s", namespace, name, generation,
+        settings, digest = await read_virtual_node(consumer, namespace, name, base)
+        logger.info("VirtualNode %s/%s (spec %s): node %s for provider %s", namespace, name, digest,
                     settings.effective_node_name, settings.provider_cluster_id)  # fmt: skip
         async with provider_client(settings) as provider:
             manager = build_virtual_kubelet(settings, consumer, provider)
-            follower = VirtualNodeFollower(consumer, namespace, name, generation, manager=manager,
+            follower = VirtualNodeFollower(consumer, namespace, name, digest, manager=manager,
                                            settings=settings.watch)  # fmt: skip
             stopped_by = await _run(manager, handle_signals=handle_signals)
         if follower.outcome == "changed":
@@ -108,8 +109,9 @@ async def run_virtual_node(
 
 async def read_virtual_node(
     consumer: KubeClient, namespace: str, name: str, base: VirtualKubeletSettings
-) -> tuple[VirtualKubeletSettings, int | None]:
-    """The settings a VirtualNode and its kubeconfig Secret give, and the generation read."""
+) -> tuple[VirtualKubeletSettings, str]:
+    """The settings a VirtualNode and its kubeconfig Secret give, and the digest of the spec read
+    (:func:`kube.api.kubelet_spec_digest`)."""
     try:
         vn = await consumer.get(VIRTUALNODES, name, namespace)
     except NotFound:
@@ -121,16 +123,17 @@ async def read_virtual_node(
         raise VirtualNodeError(
             f"VirtualNode {namespace}/{name}: kubeconfig Secret {ref.get('name')!r} not found"
         ) from None
-    return from_virtual_node(vn, secret, base), vn["metadata"].get("generation")
+    return from_virtual_node(vn, secret, base), kubelet_spec_digest(vn.get("spec"))
 
 
 class VirtualNodeFollower:
-    """Stops ``manager`` once the VirtualNode is deleted (``outcome`` "gone") or its spec
-    changes ("changed"); an informer of that one object, run by the manager."""
+    """Stops ``manager`` once the VirtualNode is deleted (``outcome`` "gone") or what it read of
+    its spec changes ("changed": another ``digest``; the largest free block the spec also carries
+    is computed live, and changes nothing); an informer of that one object, run by the manager."""
 
-    def __init__(self, consumer: KubeClient, namespace: str, name: str, generation: int | None, *,
+    def __init__(self, consumer: KubeClient, namespace: str, name: str, digest: str, *,
                  manager: Manager, settings: WatchSettings | None = None) -> None:  # fmt: skip
-        self.generation = generation
+        self.digest = digest
         self.manager = manager
         self.outcome: Literal["gone", "changed"] | None = None
         self.informer = Informer(consumer, VIRTUALNODES, name="virtualnode", namespace=namespace,
@@ -146,7 +149,7 @@ class VirtualNodeFollower:
                 self.outcome = "gone"
         elif item.type == "DELETED" or item.object["metadata"].get("deletionTimestamp"):
             self.outcome = "gone"
-        elif item.object["metadata"].get("generation") != self.generation:
+        elif kubelet_spec_digest(item.object.get("spec")) != self.digest:
             self.outcome = "changed"
         if self.outcome is not None:
             self.manager.stop()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from peering.kubeletworkload import (
-    GENERATION_ANNOTATION,
+    SPEC_ANNOTATION,
     KubeletWorkloadSettings,
     identity,
     kubelet_state,
@@ -20,7 +20,12 @@ VN: dict[str, Any] = {
     "apiVersion": "offloading.gpuferry.io/v1alpha1",
     "kind": "VirtualNode",
     "metadata": {"name": "gpu-farm", "namespace": "gpuferry-system", "uid": "u-1", "generation": 3},
-    "spec": {"nodeName": "gpuferry-gpu-farm"},
+    "spec": {
+        "nodeName": "gpuferry-gpu-farm",
+        "resources": {"nvidia.com/gpu": "8", "pods": "110"},
+        "shape": {"nvidia.com/gpu": "8", "pods": "110"},
+        "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    },
 }
 SETTINGS = KubeletWorkloadSettings(
     image="gpuferry.local/gpuferry:abc",
@@ -50,7 +55,7 @@ def test_the_deployment_runs_one_kubelet_for_the_node_never_two() -> None:
     spec = deploy["spec"]
     assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     template = spec["template"]
-    assert template["metadata"]["annotations"][GENERATION_ANNOTATION] == "3"  # a spec change rolls it
+    assert template["metadata"]["annotations"][SPEC_ANNOTATION]
     assert set(spec["selector"]["matchLabels"].items()) <= set(template["metadata"]["labels"].items())
     pod = template["spec"]
     assert pod["serviceAccountName"] == "gf-vk-gpu-farm"
@@ -65,6 +70,22 @@ def test_the_deployment_runs_one_kubelet_for_the_node_never_two() -> None:
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["resources"] == {"requests": {"cpu": "50m"}}
+
+
+def _template_with(**spec: Any) -> dict[str, Any]:
+    vn = {**VN, "metadata": {**VN["metadata"], "generation": 4}, "spec": {**VN["spec"], **spec}}
+    template: dict[str, Any] = workload_objects(vn, SETTINGS)[2]["spec"]["template"]
+    return template
+
+
+def test_a_change_the_kubelet_reads_at_start_rolls_it_and_the_free_block_does_not() -> None:
+    before = workload_objects(VN, SETTINGS)[2]["spec"]["template"]
+    # the largest free block follows the provider's occupancy; the kubelet computes it live
+    assert _template_with(shape={"nvidia.com/gpu": "2", "pods": "110"}) == before
+    # a new grant, new node labels: read once at start, so a new pod
+    assert _template_with(resources={"nvidia.com/gpu": "4", "pods": "110"}) != before
+    assert _template_with(labels={"nvidia.com/gpu.product": "NVIDIA-L4"}) != before
+    assert _template_with(providerNodeSelector={"pool": "b"}) != before
 
 
 def test_a_long_name_stays_a_valid_label() -> None:

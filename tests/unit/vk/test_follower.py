@@ -1,0 +1,60 @@
+"""The virtual kubelet of a VirtualNode ends when what it read of the spec changes, and only then:
+the spec's largest free block follows the provider's occupancy, and the kubelet computes it live
+(a restart on each change of it would restart the kubelet whenever a provider pod comes or goes)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kube.api import kubelet_spec_digest
+from kube.clients import KubeClient
+from kube.kubeconfigs import Connection
+from kube.manager import Manager
+from kube.watching import WatchEvent
+from vk.app import VirtualNodeFollower
+
+VN: dict[str, Any] = {
+    "apiVersion": "offloading.gpuferry.io/v1alpha1",
+    "kind": "VirtualNode",
+    "metadata": {"name": "gpu-farm", "namespace": "gpuferry-system", "generation": 7},
+    "spec": {
+        "nodeName": "gpuferry-gpu-farm",
+        "resources": {"nvidia.com/gpu": "8"},
+        "shape": {"nvidia.com/gpu": "8"},
+        "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    },
+}
+
+
+def _follower() -> tuple[VirtualNodeFollower, Manager]:
+    manager = Manager(name="virtual-kubelet")
+    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))  # never called here
+    follower = VirtualNodeFollower(nowhere, "gpuferry-system", "gpu-farm", kubelet_spec_digest(VN["spec"]),
+                                   manager=manager)  # fmt: skip
+    return follower, manager
+
+
+def _changed(**spec: Any) -> dict[str, Any]:
+    vn = copy.deepcopy(VN)
+    vn["metadata"]["generation"] += 1
+    vn["spec"].update(spec)
+    return vn
+
+
+def test_a_new_largest_free_block_is_no_reason_to_restart() -> None:
+    follower, manager = _follower()
+    follower._seen(WatchEvent("MODIFIED", _changed(shape={"nvidia.com/gpu": "3"})))
+    assert follower.outcome is None and not manager.stopping
+
+
+def test_a_new_grant_restarts_it() -> None:
+    follower, manager = _follower()
+    follower._seen(WatchEvent("MODIFIED", _changed(resources={"nvidia.com/gpu": "4"})))
+    assert follower.outcome == "changed" and manager.stopping
+
+
+def test_deleted_is_gone() -> None:
+    follower, manager = _follower()
+    follower._seen(WatchEvent("DELETED", VN))
+    assert follower.outcome == "gone" and manager.stopping
