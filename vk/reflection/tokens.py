@@ -193,7 +193,9 @@ class TokenReflector:
         issued, until = time.time(), _expiry(expires) if expires else time.time() + 3600
         self._renew_at[key] = issued + RENEW_AT * max(60.0, until - issued)
         self._written[key] = (twin_ns, meta["uid"])
-        object_logger(logger, "Pod", key).info(
+        # debug, as the kubelet logs its token refreshes: two lines per pod were ~1 % of the
+        # virtual kubelet's CPU in a burst (issue 15); the vk_tokens_issued counter counts them
+        object_logger(logger, "Pod", key).debug(
             "token for %s written to %s/%s, valid until %s", account, twin_ns, name, expires
         )
         return Requeue(max(1.0, self._renew_at[key] - time.time()))
@@ -208,7 +210,7 @@ class TokenReflector:
             await self.provider.delete(SECRETS, token_secret_name(key.name), twin_ns)
         except (NotFound, Conflict):
             return
-        object_logger(logger, "Pod", key).info("token Secret in %s deleted", twin_ns)
+        object_logger(logger, "Pod", key).debug("token Secret in %s deleted", twin_ns)
 
     async def ensure_for(self, pod: RawObject) -> None:
         """Write the token Secret ``pod`` needs now (before its twin is created)."""
