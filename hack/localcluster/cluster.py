@@ -52,11 +52,12 @@ CLIENTS = [
 # kwok stages: ours (hack/kwok) first, then the upstream files kept beside the kwok binary.
 UPSTREAM_STAGES = (
     "node/fast/node-initialize.yaml",
-    "node/heartbeat/node-heartbeat.yaml",
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-delete.yaml",
 )
-OWN_STAGES = ("pod-complete.yaml",)
+OWN_STAGES = ("pod-complete.yaml", "node-heartbeat-with-lease.yaml")
+NODE_LEASE_SECONDS = 40
+"""kwok renews each fake node's Lease every quarter of this, as a kubelet with its default does."""
 
 # kwok's per-pod debugging objects (kwok v0.8.0 CRDs, kept in hack/kwok/crds): a ``Logs``,
 # ``Exec``, ``Attach`` or ``PortForward`` named after a pod tells kwok's kubelet-like server what
@@ -326,6 +327,8 @@ class LocalCluster:
                     f"--tls-cert-file={pki / 'kwok-serving.crt'}",
                     f"--tls-private-key-file={pki / 'kwok-serving.key'}",
                     f"--enable-crds={','.join(KWOK_DEBUGGING_CRDS)}",
+                    # liveness by Lease, status every 5 min (hack/kwok/node-heartbeat-with-lease.yaml)
+                    f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
                     *[a for s in stages for a in ("-c", s)],
                 ],
                 healthy=lambda: http_ok(p.kwok, "/healthz"),
