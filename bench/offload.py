@@ -55,16 +55,16 @@ RUN_LABEL = "bench.gpuferry.io/run"
 
 
 def pod(name: str, run: str, node: str | None = None) -> RawObject:
-    """A one-GPU pod of the run ``run``; with ``node``, it selects that node (the bench's own
-    virtual node: pods that tolerate virtual nodes could land on another one, the demo's, and
-    wait there)."""
+    """A one-GPU pod of the run ``run``. With ``node`` (offloaded), it selects that node: the
+    bench's own virtual node (pods that tolerate virtual nodes could land on another one, the
+    demo's, and wait there), whose twins select the run's provider nodes. Without (direct), it
+    selects the run's provider nodes itself: neither path takes GPUs from the demo's grant."""
     spec: dict[str, Any] = {
         "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         "tolerations": [TOLERATION],
         "terminationGracePeriodSeconds": 0,
+        "nodeSelector": {"kubernetes.io/hostname": node} if node is not None else {RUN_LABEL: run},
     }
-    if node is not None:
-        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -240,7 +240,7 @@ def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str])
 
 def vk_command(
     consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int, resync: float,
-    workers: int | None = None,
+    run: str, workers: int | None = None,
 ) -> list[str]:
     return [
         sys.executable,
@@ -266,6 +266,9 @@ def vk_command(
         str(port),
         "--resync-seconds",
         str(resync),
+        # twins go to the run's provider nodes only, as the direct pods do
+        "--provider-node-selector",
+        f"{RUN_LABEL}={run}",
         *(["--workers", str(workers)] if workers else []),
     ]
 
@@ -440,18 +443,20 @@ async def bench(
     log = f"/tmp/bench-vk-{suffix}.log"
     resync = max(idle, 1.0) if idle else 300.0
     vk = subprocess.Popen(  # noqa: ASYNC220 - started once, before any timing
-        vk_command(consumer, provider, cons_id, prov_id, gpus, port, resync, workers),
+        vk_command(consumer, provider, cons_id, prov_id, gpus, port, resync, suffix, workers),
         stdout=subprocess.DEVNULL,
         stderr=open(log, "w"),  # noqa: SIM115, ASYNC230
     )
-    # the simulated provider has 36 GPUs; N pods with one GPU each need more nodes (kwok runs them)
+    # the simulated provider has 36 GPUs; N pods with one GPU each need more nodes (kwok runs them).
+    # Their own product, which no grant of the demo selects: an H100 label put them in the demo's
+    # grant, whose node labels and free block then changed with each run (and its kubelet restarted)
     extra = [
         NodeSpec(
             name=f"bench-gpu-{suffix}-{i}",
             cpu="96",
             memory="1536Gi",
             gpus=8,
-            gpu_labels={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "bench.gpuferry.io/run": suffix},
+            gpu_labels={"nvidia.com/gpu.product": "NVIDIA-H200", RUN_LABEL: suffix},
         )
         for i in range(most // 8 + 2)
     ]
