@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -32,6 +33,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -509,6 +511,17 @@ def cleanup(*steps: tuple[Any, tuple[str, ...]]) -> None:
             )
 
 
+async def _stoppable(run: Coroutine[Any, Any, None]) -> None:
+    """``run``, cancelled by SIGINT or SIGTERM, so that its clean-up runs either way (also when
+    started in the background by a shell, which starts it with SIGINT ignored)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    await run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -533,8 +546,8 @@ def main() -> None:
         parser.error("--workers must be 1 or more")
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
-        asyncio.run(bench(args.profile, counts, args.namespaces, args.idle, args.workers))
-    except KeyboardInterrupt:
+        asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers)))
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
     except (TimedOut, TimeoutError, KubeError, aiohttp.ClientError, OSError) as exc:
