@@ -79,20 +79,23 @@ class VirtualKubeletExit(enum.IntEnum):
     INVALID = 2
     """The VirtualNode cannot be run as it is (a missing Secret…): restart when it changes."""
     CHANGED = 75
-    """The VirtualNode's spec changed: start again at once, with the new spec."""
+    """The VirtualNode's spec changed in what the kubelet reads only at start
+    (:func:`kubelet_spec_digest`; a new grant it follows while running): start again at once."""
 
 
-LIVE_SPEC_FIELDS = frozenset({"shape"})
-"""VirtualNode spec fields its kubelet does not read at start: ``shape``, the provider's largest
-free block, follows the provider's occupancy, and the kubelet computes it live from its grant."""
+LIVE_SPEC_FIELDS = frozenset({"shape", "resources", "labels"})
+"""VirtualNode spec fields its kubelet follows while it runs: ``resources`` and ``labels`` (the
+grant in force, which a provider re-evaluates as its own workloads come and go) are applied to
+the Node as they change; ``shape``, the provider's largest free block, the kubelet computes live."""
 
 
 def kubelet_spec_digest(spec: Mapping[str, Any] | None) -> str:
     """A digest of what the kubelet of a VirtualNode reads once, at start: its ``spec`` less
     :data:`LIVE_SPEC_FIELDS`. The kubelet ends (:attr:`VirtualKubeletExit.CHANGED`) and its
-    Deployment rolls when it changes, and only then: the generation did, so every change of the
-    provider's largest free block restarted the kubelet (issue 15: 30 restarts in 4 minutes while
-    a benchmark ran pods on the provider's nodes of the demo's grant)."""
+    Deployment rolls when it changes, and only then: the generation did, so every new largest
+    free block or grant restarted the kubelet, which relists every pod on both sides (issue 15:
+    30 restarts in 4 minutes while a benchmark ran pods on the provider's nodes of the demo's
+    grant)."""
     kept = {k: v for k, v in (spec or {}).items() if k not in LIVE_SPEC_FIELDS}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 

@@ -4,7 +4,8 @@ For each ``VirtualNode`` it runs ``python -m vk --virtual-node NS/NAME`` (the vi
 reads everything else from the object and its kubeconfig Secret; this package never imports
 ``vk``: they meet through the object and a command line) and keeps it running:
 
-* exit 75 — the VirtualNode's spec changed: start it again at once, it reads the new spec;
+* exit 75 — the VirtualNode's spec changed in what the kubelet reads only at start (a new grant
+  it follows while running: :func:`kube.api.kubelet_spec_digest`): start it again at once;
 * exit 0 — the VirtualNode was deleted and the kubelet removed its node: done;
 * exit 2 — the object cannot be run as it is (missing Secret…): ``phase: Failed`` with the
   kubelet's own message, and no restart until the object changes;
@@ -235,7 +236,7 @@ class VirtualNodeSupervisor:
             return
         child = self.children.get(key)
         if child is not None and not child.task.done():
-            return  # running: a spec change makes the kubelet exit 75 and start again
+            return  # running: a change it cannot follow makes the kubelet exit 75 and start again
         if child is not None and (child.uid, child.generation) == (meta.get("uid"), meta.get("generation")):
             return  # ended (failed or gone) and nothing changed since; a new object of the same name
             # (deleted, then made again: generation 1 again) is not the one that ended

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 from kube.api import kubelet_spec_digest
@@ -26,7 +26,7 @@ from kube.objects import LEASES, NODES, SECRETS, VIRTUALNODES
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent
 
-from .assembly import build_virtual_kubelet, forge_options
+from .assembly import assemble_virtual_kubelet, build_virtual_kubelet, forge_options
 from .node.lease import LEASE_NAMESPACE
 from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
 
@@ -93,17 +93,17 @@ async def run_virtual_node(
         logger.info("VirtualNode %s/%s (spec %s): node %s for provider %s", namespace, name, digest,
                     settings.effective_node_name, settings.provider_cluster_id)  # fmt: skip
         async with provider_client(settings) as provider:
-            manager = build_virtual_kubelet(settings, consumer, provider)
+            manager, node = assemble_virtual_kubelet(settings, consumer, provider)
             follower = VirtualNodeFollower(consumer, namespace, name, digest, manager=manager,
-                                           settings=settings.watch)  # fmt: skip
+                                           on_grant=node.apply_grant, settings=settings.watch)  # fmt: skip
             stopped_by = await _run(manager, handle_signals=handle_signals)
         if follower.outcome == "changed":
             raise VirtualNodeChanged(f"VirtualNode {namespace}/{name} changed: restart to apply it")
         if follower.outcome == "gone":
             # the kubelet is stopped: nothing re-registers the node behind our back
-            node = settings.effective_node_name
-            await _remove_node(consumer, node)
-            raise VirtualNodeGone(f"VirtualNode {namespace}/{name} deleted: node {node} removed")
+            node_name = settings.effective_node_name
+            await _remove_node(consumer, node_name)
+            raise VirtualNodeGone(f"VirtualNode {namespace}/{name} deleted: node {node_name} removed")
         return stopped_by
 
 
@@ -128,12 +128,15 @@ async def read_virtual_node(
 
 class VirtualNodeFollower:
     """Stops ``manager`` once the VirtualNode is deleted (``outcome`` "gone") or what it read of
-    its spec changes ("changed": another ``digest``; the largest free block the spec also carries
-    is computed live, and changes nothing); an informer of that one object, run by the manager."""
+    its spec at start changes ("changed": another ``digest``); hands each new grant (``resources``
+    and ``labels``) to ``on_grant`` as it comes (the largest free block the spec also carries is
+    computed live); an informer of that one object, run by the manager."""
 
     def __init__(self, consumer: KubeClient, namespace: str, name: str, digest: str, *,
-                 manager: Manager, settings: WatchSettings | None = None) -> None:  # fmt: skip
+                 manager: Manager, on_grant: Callable[[dict[str, str], dict[str, str]], None] | None = None,
+                 settings: WatchSettings | None = None) -> None:  # fmt: skip
         self.digest = digest
+        self.on_grant = on_grant
         self.manager = manager
         self.outcome: Literal["gone", "changed"] | None = None
         self.informer = Informer(consumer, VIRTUALNODES, name="virtualnode", namespace=namespace,
@@ -151,6 +154,10 @@ class VirtualNodeFollower:
             self.outcome = "gone"
         elif kubelet_spec_digest(item.object.get("spec")) != self.digest:
             self.outcome = "changed"
+        elif self.on_grant is not None:
+            spec = item.object.get("spec") or {}
+            self.on_grant({str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
+                          {str(k): str(v) for k, v in (spec.get("labels") or {}).items()})  # fmt: skip
         if self.outcome is not None:
             self.manager.stop()
 

@@ -52,7 +52,7 @@ from .reflection.tokens import TokenReflector
 from .remote import RemoteSide, TenantSide, remote_side
 from .settings import VirtualKubeletSettings
 
-__all__ = ["PodSync", "build_virtual_kubelet", "forge_options"]
+__all__ = ["PodSync", "assemble_virtual_kubelet", "build_virtual_kubelet", "forge_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,13 @@ def build_virtual_kubelet(
     settings: VirtualKubeletSettings, consumer: KubeClient, provider: KubeClient
 ) -> Manager:
     """The virtual kubelet of ``settings`` as a manager, not yet running (see the module)."""
+    return assemble_virtual_kubelet(settings, consumer, provider)[0]
+
+
+def assemble_virtual_kubelet(
+    settings: VirtualKubeletSettings, consumer: KubeClient, provider: KubeClient
+) -> tuple[Manager, NodeController]:
+    """:func:`build_virtual_kubelet`, with its node (to hand it a new grant while it runs)."""
     manager = Manager("virtual-kubelet", client=consumer, probes_settings=settings.probe_settings,
                       drain_timeout=settings.queue.drain_timeout)  # fmt: skip
     sides = {"consumer": consumer, "provider": provider}
@@ -117,7 +124,7 @@ def build_virtual_kubelet(
     if settings.kubelet_api:
         add_kubelet_api(manager, settings, **sides, local=local, remote=remote, node=node)
     add_resync(manager, settings, pods=pods, copiers=copiers)
-    return manager
+    return manager, node
 
 
 # ---- the node ------------------------------------------------------------------------------------

@@ -506,7 +506,7 @@ async def test_a_shrinking_grant_reaches_the_virtual_node(
     cordoned = nodes[0]
     try:
         # a node drained on the provider: the grant is re-evaluated, and the consumer's virtual
-        # node follows (its kubelet restarts on the VirtualNode change) — nobody runs a command
+        # node follows (its running kubelet advertises the new grant) — nobody runs a command
         await provider_client.patch(NODES, cordoned, {"spec": {"unschedulable": True}})
         node = await wait_for(
             consumer_client,

@@ -101,7 +101,8 @@ async def test_one_kubelet_per_virtual_node_restarted_on_change_stopped_with_the
             pids = {k.name: c.proc.pid for k, c in supervisor.children.items() if c.proc is not None}
             assert set(pids) == set(ids)
 
-            # a changed grant: the kubelet restarts by itself and the node shows the new capacity
+            # a changed grant: the running kubelet advertises it, no restart (which would relist
+            # every pod on both sides)
             await consumer_client.patch(
                 VIRTUALNODES, ids[0], {"spec": {"resources": {"nvidia.com/gpu": 16}}}, ns
             )
@@ -113,7 +114,22 @@ async def test_one_kubelet_per_virtual_node_restarted_on_change_stopped_with_the
                 timeout=60,
             )
             child = supervisor.children[next(k for k in supervisor.children if k.name == ids[0])]
-            assert child.proc is not None and child.proc.pid != pids[ids[0]]
+            assert child.proc is not None and child.proc.pid == pids[ids[0]]
+
+            # what the kubelet reads once (what twins tolerate): it restarts by itself to read it
+            toleration = {"key": "example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}
+            await consumer_client.patch(
+                VIRTUALNODES, ids[0], {"spec": {"providerTolerations": [toleration]}}, ns
+            )
+            await wait_for(
+                consumer_client,
+                NODES,
+                nodes[0],
+                lambda n: (child.proc is not None and child.proc.pid != pids[ids[0]]
+                           and n["status"]["capacity"]["nvidia.com/gpu"] == "16"),
+                timeout=60,
+            )  # fmt: skip
+            await wait_for(consumer_client, NODES, nodes[0], ready, timeout=60)
 
             # deleted: the kubelet removes its node and ends; the other one is untouched
             await consumer_client.delete(VIRTUALNODES, ids[0], ns)

@@ -163,6 +163,10 @@ class NodeController:
         of pods marks the Node dirty every second, and walking every provider node for labels
         that only nodes change was 3 % of the virtual kubelet's CPU at 3,000 pods (issue 15)."""
         parse_resource_list(settings.resources)  # a grant that is not quantities fails here, early
+        self.resources: dict[str, str] = dict(settings.resources)
+        """The grant the Node advertises: the settings', then each one :meth:`apply_grant` gives."""
+        self.node_labels: dict[str, str] = dict(settings.node_labels)
+        """The grant's labels, as :attr:`resources`."""
 
     # ---- for the pod reflector -----------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class NodeController:
 
     def current_shape(self) -> dict[str, Decimal]:
         """Per granted resource, the largest block one pod can get now (capped by the grant)."""
-        return parse_resource_list(node_shape(self.view.largest(), self.settings.resources))
+        return parse_resource_list(node_shape(self.view.largest(), self.resources))
 
     def per_node_free(self) -> dict[str, ResourceList]:
         """Provider node → free resources, for the Ready, uncordoned, untainted picked nodes."""
@@ -209,6 +213,24 @@ class NodeController:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
         reflector re-examines gated pods then, instead of waiting for a timer)."""
         self._capacity_listeners.append(listener)
+
+    def apply_grant(self, resources: Mapping[str, str], labels: Mapping[str, str]) -> None:
+        """A new grant (its VirtualNode's ``resources`` and ``labels``): the Node advertises it at
+        its next status write, and pods waiting for room are looked at again, without a restart
+        (a restart relists every pod on both sides; a provider re-evaluates a grant as its own
+        workloads come and go). A grant that is not quantities is refused, the last one kept."""
+        resources, labels = {str(k): str(v) for k, v in resources.items()}, dict(labels)
+        if resources == self.resources and labels == self.node_labels:
+            return
+        try:
+            parse_resource_list(resources)
+        except ValueError as exc:
+            self.log.error("new grant %s refused, %s kept: %s", resources, self.resources, exc)
+            return
+        self.log.info("grant %s (was %s)", resources, self.resources)
+        self.resources, self.node_labels = resources, labels
+        self._labels = None  # the GPU labels read are those of nodes with a granted resource
+        self._mark_dirty()
 
     def set_network(self, condition: Condition) -> None:
         """The fabric's view of the tunnel changed: the Node says so at its next status write."""
@@ -267,7 +289,7 @@ class NodeController:
         if self.view.nodes_synced.is_set():
             if self._labels is None or self._labels[0] != self.view.nodes_version:
                 found = provider_gpu_labels(
-                    self.view.nodes.values(), settings.provider_node_selector, settings.resources
+                    self.view.nodes.values(), settings.provider_node_selector, self.resources
                 )
                 self._labels = (self.view.nodes_version, found)
             labels = dict(self._labels[1])
@@ -275,12 +297,12 @@ class NodeController:
             old = ((current or {}).get("metadata") or {}).get("labels") or {}
             labels = {k: v for k, v in old.items() if is_gfd_label(k) or k == GPU_COUNT_LABEL}
         if self.view.synced:
-            shape = node_shape(self.view.largest(), settings.resources)
+            shape = node_shape(self.view.largest(), self.resources)
         else:
             old_shape = (((current or {}).get("metadata") or {}).get("annotations") or {}).get(
                 LARGEST_BLOCK_ANNOTATION
             )
-            shape = node_shape({}, settings.resources)
+            shape = node_shape({}, self.resources)
             with contextlib.suppress(ValueError):
                 loaded = orjson.loads(old_shape or "null")
                 if isinstance(loaded, dict):
@@ -291,7 +313,7 @@ class NodeController:
         node = virtual_node(
             name=self.node_name,
             provider_id=settings.provider_cluster_id,
-            resources=settings.resources,
+            resources=self.resources,
             node_address=settings.node_address,
             kubelet_port=settings.kubelet_port,
             provider_labels=labels,
@@ -300,7 +322,7 @@ class NodeController:
                 provider_reachable=self.reachable, provider_error=self.probe_error, network=self.network
             ),
             now=_now(),
-            extra_labels=settings.node_labels,
+            extra_labels=self.node_labels,
             previous_conditions=((current or {}).get("status") or {}).get("conditions") or (),
             version=self._version,
             boot_id=self._boot_id,

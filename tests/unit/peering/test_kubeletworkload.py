@@ -78,14 +78,16 @@ def _template_with(**spec: Any) -> dict[str, Any]:
     return template
 
 
-def test_a_change_the_kubelet_reads_at_start_rolls_it_and_the_free_block_does_not() -> None:
+def test_a_change_the_kubelet_reads_at_start_rolls_it_and_a_new_grant_does_not() -> None:
     before = workload_objects(VN, SETTINGS)[2]["spec"]["template"]
-    # the largest free block follows the provider's occupancy; the kubelet computes it live
+    # the largest free block follows the provider's occupancy: the kubelet computes it live;
+    # a new grant and its labels: the running kubelet follows them
     assert _template_with(shape={"nvidia.com/gpu": "2", "pods": "110"}) == before
-    # a new grant, new node labels: read once at start, so a new pod
-    assert _template_with(resources={"nvidia.com/gpu": "4", "pods": "110"}) != before
-    assert _template_with(labels={"nvidia.com/gpu.product": "NVIDIA-L4"}) != before
+    assert _template_with(resources={"nvidia.com/gpu": "4", "pods": "110"}) == before
+    assert _template_with(labels={"nvidia.com/gpu.product": "NVIDIA-L4"}) == before
+    # where twins go, the node's name: read once at start, so a new pod
     assert _template_with(providerNodeSelector={"pool": "b"}) != before
+    assert _template_with(nodeName="gpuferry-other") != before
 
 
 def test_a_long_name_stays_a_valid_label() -> None:

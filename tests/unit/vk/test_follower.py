@@ -1,6 +1,7 @@
-"""The virtual kubelet of a VirtualNode ends when what it read of the spec changes, and only then:
-the spec's largest free block follows the provider's occupancy, and the kubelet computes it live
-(a restart on each change of it would restart the kubelet whenever a provider pod comes or goes)."""
+"""The virtual kubelet of a VirtualNode ends when what it read of the spec at start changes, and
+only then: a new grant is handed to the running node, and the spec's largest free block, which
+follows the provider's occupancy, the kubelet computes live (a restart on each change of them
+would restart the kubelet, and relist every pod, whenever a provider pod comes or goes)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,16 @@ VN: dict[str, Any] = {
 }
 
 
+GRANTS: list[tuple[dict[str, str], dict[str, str]]] = []
+
+
 def _follower() -> tuple[VirtualNodeFollower, Manager]:
+    GRANTS.clear()
     manager = Manager(name="virtual-kubelet")
     nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))  # never called here
-    follower = VirtualNodeFollower(nowhere, "gpuferry-system", "gpu-farm", kubelet_spec_digest(VN["spec"]),
-                                   manager=manager)  # fmt: skip
+    digest = kubelet_spec_digest(VN["spec"])
+    follower = VirtualNodeFollower(nowhere, "gpuferry-system", "gpu-farm", digest, manager=manager,
+                                   on_grant=lambda r, lb: GRANTS.append((r, lb)))  # fmt: skip
     return follower, manager
 
 
@@ -48,10 +54,20 @@ def test_a_new_largest_free_block_is_no_reason_to_restart() -> None:
     assert follower.outcome is None and not manager.stopping
 
 
-def test_a_new_grant_restarts_it() -> None:
+def test_a_new_grant_is_handed_over_while_it_runs() -> None:
     follower, manager = _follower()
-    follower._seen(WatchEvent("MODIFIED", _changed(resources={"nvidia.com/gpu": "4"})))
-    assert follower.outcome == "changed" and manager.stopping
+    follower._seen(WatchEvent("MODIFIED", _changed(resources={"nvidia.com/gpu": "4"}, labels={"a": "b"})))
+    assert follower.outcome is None and not manager.stopping
+    assert GRANTS == [({"nvidia.com/gpu": "4"}, {"a": "b"})]
+
+
+def test_what_it_read_at_start_restarts_it() -> None:
+    for change in ({"providerNodeSelector": {"pool": "b"}}, {"nodeName": "gpuferry-other"},
+                   {"kubeconfigSecretRef": {"name": "new", "key": "kubeconfig"}}):  # fmt: skip
+        follower, manager = _follower()
+        follower._seen(WatchEvent("MODIFIED", _changed(**change)))
+        assert follower.outcome == "changed" and manager.stopping, change
+        assert GRANTS == []
 
 
 def test_deleted_is_gone() -> None:

@@ -688,3 +688,34 @@ def test_the_nodes_gpu_labels_follow_the_provider_nodes_between_updates() -> Non
     assert "nvidia.com/gpu.memory" not in labels()
     view.handle_node(listed(node("h100-0", labels=H100)))  # a relist without h100-1
     assert labels()["nvidia.com/gpu.memory"] == "81559"
+
+
+def test_a_new_grant_is_advertised_without_a_restart_and_a_bad_one_is_refused() -> None:
+    settings = VirtualKubeletSettings(
+        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
+        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
+        node_labels={"team": "a"},
+    )  # fmt: skip
+    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
+    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    woken: list[int] = []
+    controller.on_capacity_change(lambda: woken.append(1))
+    feed(controller.view, [node("h100-0", labels=H100), node("h100-1", labels=H100)], [])
+    before = controller.desired(None)
+    assert before["status"]["capacity"]["nvidia.com/gpu"] == "4"
+    assert before["metadata"]["labels"]["team"] == "a"
+    woken.clear()
+
+    controller.apply_grant({"nvidia.com/gpu": "2", "pods": "110"}, {"team": "b"})
+    after = controller.desired(None)
+    assert after["status"]["capacity"]["nvidia.com/gpu"] == "2"
+    assert after["status"]["allocatable"]["nvidia.com/gpu"] == "2"
+    assert after["metadata"]["labels"]["team"] == "b"
+    assert controller.largest_block == 2  # the free block is capped by the new grant
+    assert woken  # pods waiting for room are looked at again
+
+    woken.clear()
+    controller.apply_grant({"nvidia.com/gpu": "2", "pods": "110"}, {"team": "b"})  # the same: nothing
+    assert not woken
+    controller.apply_grant({"nvidia.com/gpu": "two"}, {})  # not a quantity: the grant in force stays
+    assert controller.desired(None)["status"]["capacity"]["nvidia.com/gpu"] == "2" and not woken
