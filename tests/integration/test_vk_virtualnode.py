@@ -110,15 +110,27 @@ async def test_a_virtual_node_object_drives_the_virtual_kubelet(
         twin = await provider_client.get(PODS, "train", f"{ns}-{consumer_id}")
         assert twin["spec"]["nodeSelector"] == H100
 
-        # the grant changes: the process ends with "run me again"
+        # the grant changes: the running process advertises it
         await consumer_client.patch(
             VIRTUALNODES, provider_id, {"spec": {"resources": {"nvidia.com/gpu": 16}}}, system
         )
-        assert await wait_exit(proc, 30) == VirtualKubeletExit.CHANGED
-
-        proc = await asyncio.create_subprocess_exec(*args, stdout=log, stderr=subprocess.STDOUT)
         await wait_for(consumer_client, NODES, node,
                        lambda n: n["status"]["capacity"]["nvidia.com/gpu"] == "16", timeout=60)  # fmt: skip
+        assert proc.returncode is None
+
+        # where twins go changes (read once, at start): the process ends with "run me again"
+        await consumer_client.patch(
+            VIRTUALNODES, provider_id, {"spec": {"providerNodeSelector": {**H100, "pool": "b"}}}, system
+        )
+        assert await wait_exit(proc, 30) == VirtualKubeletExit.CHANGED
+
+        # started again, it follows the next grant
+        proc = await asyncio.create_subprocess_exec(*args, stdout=log, stderr=subprocess.STDOUT)
+        await consumer_client.patch(
+            VIRTUALNODES, provider_id, {"spec": {"resources": {"nvidia.com/gpu": 24}}}, system
+        )
+        await wait_for(consumer_client, NODES, node,
+                       lambda n: n["status"]["capacity"]["nvidia.com/gpu"] == "24", timeout=60)  # fmt: skip
 
         # the VirtualNode is deleted: the node goes, the process ends cleanly
         await consumer_client.delete(VIRTUALNODES, provider_id, system)
