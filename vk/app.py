@@ -28,7 +28,7 @@ from kube.watching import Listed, WatchEvent
 
 from .assembly import assemble_virtual_kubelet, build_virtual_kubelet, forge_options
 from .node.lease import LEASE_NAMESPACE
-from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
+from .settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node, grant_of
 
 __all__ = [
     "VIRTUALNODES",
@@ -155,9 +155,7 @@ class VirtualNodeFollower:
         elif kubelet_spec_digest(item.object.get("spec")) != self.digest:
             self.outcome = "changed"
         elif self.on_grant is not None:
-            spec = item.object.get("spec") or {}
-            self.on_grant({str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
-                          {str(k): str(v) for k, v in (spec.get("labels") or {}).items()})  # fmt: skip
+            self.on_grant(*grant_of(item.object.get("spec") or {}))
         if self.outcome is not None:
             self.manager.stop()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from kube import api
 from kube.api import SYSTEM_NAMESPACE
+from kube.quantities import parse_resource_list
 from kube.settings import ClientSettings, ProbeSettings, QueueSettings, WatchSettings
 
 from .forge.names import NamespaceStrategy, node_name
@@ -110,6 +111,14 @@ class VirtualNodeError(ValueError):
     """A VirtualNode (or its Secret) that cannot be run as it is: a permanent error until edited."""
 
 
+def grant_of(spec: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """The grant a VirtualNode's ``spec`` gives: its ``resources`` and its node ``labels``, as
+    strings (a merge patch may have written a number). What the kubelet takes at start and, as
+    they change, while it runs (:class:`vk.app.VirtualNodeFollower`)."""
+    return ({str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
+            {str(k): str(v) for k, v in (spec.get("labels") or {}).items()})  # fmt: skip
+
+
 def from_virtual_node(
     virtual_node: Mapping[str, Any],
     kubeconfig_secret: Mapping[str, Any],
@@ -139,6 +148,11 @@ def from_virtual_node(
         data = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise VirtualNodeError(f"{where}: Secret {ref.get('name')} key {key!r} is not base64: {exc}") from exc
+    resources, node_labels = grant_of(spec)
+    try:  # a grant that is not quantities: exit 2 with this message, not a traceback from the node
+        parse_resource_list(resources)
+    except ValueError as exc:
+        raise VirtualNodeError(f"{where}: spec.resources: {exc}") from None
     return replace(
         base,
         provider_kubeconfig=None,
@@ -147,8 +161,8 @@ def from_virtual_node(
         consumer_cluster_id=str(spec["consumerClusterID"]),
         provider_cluster_id=str(spec["providerClusterID"]),
         node_name=str(spec["nodeName"]),
-        resources={str(k): str(v) for k, v in (spec.get("resources") or {}).items()},
-        node_labels={str(k): str(v) for k, v in (spec.get("labels") or {}).items()},
+        resources=resources,
+        node_labels=node_labels,
         provider_node_selector={str(k): str(v) for k, v in (spec.get("providerNodeSelector") or {}).items()},
         provider_tolerations=tuple(dict(t) for t in spec.get("providerTolerations") or ()),
         tenant_namespace=str(spec.get("tenantNamespace") or ""),

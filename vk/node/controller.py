@@ -219,7 +219,7 @@ class NodeController:
         its next status write, and pods waiting for room are looked at again, without a restart
         (a restart relists every pod on both sides; a provider re-evaluates a grant as its own
         workloads come and go). A grant that is not quantities is refused, the last one kept."""
-        resources, labels = {str(k): str(v) for k, v in resources.items()}, dict(labels)
+        resources, labels = dict(resources), dict(labels)
         if resources == self.resources and labels == self.node_labels:
             return
         try:

@@ -65,6 +65,8 @@ def test_a_custom_secret_key_is_honoured() -> None:
         (virtual_node(consumerClusterID=""), secret(), "spec.consumerClusterID is missing"),
         (virtual_node(), secret(key="other"), "Secret farm-a-kubeconfig has no key 'kubeconfig'"),
         (virtual_node(), {"data": {"kubeconfig": "%%%"}}, "is not base64"),
+        (virtual_node(resources={"nvidia.com/gpu": "eight"}), secret(),
+         "spec.resources: resource nvidia.com/gpu"),
     ],
 )
 def test_unusable_virtual_nodes_are_named_in_the_error(vn: Any, sec: Any, message: str) -> None:
