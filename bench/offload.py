@@ -7,6 +7,11 @@ seconds and peak RSS can be read from /proc and its requests from its /metrics. 
 per pod, total time, the ratio to the baseline, CPU and RSS, and the virtual kubelet's requests
 per pod on each cluster, by verb and resource.
 
+Both clusters share this machine's cores, so each burst also prints what it cost the machine
+(:mod:`bench.machine`): CPU per pod by process, how busy the cores were, and the writes each API
+server served for it from every client. Where the cores are busy through both bursts, the time
+ratio follows the ratio of that work.
+
 ``--namespaces N`` measures the other way to grow: one pod in each of N namespaces, then none.
 It prints how long a plain GET takes while the virtual kubelet watches them all, and the
 watches it holds and its RSS with the pods and after them.
@@ -41,6 +46,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import machine
 from hack.localcluster import NodeSpec, profile_clusters
 from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
@@ -54,6 +60,8 @@ TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists
 
 
 RUN_LABEL = "bench.gpuferry.io/run"
+REST_SECONDS = 5.0
+"""How long the machine's load is read before the bursts (the clusters' own background)."""
 
 
 def pod(name: str, run: str, node: str | None = None) -> RawObject:
@@ -95,6 +103,10 @@ class Timed:
     running: list[float]
     bound: list[float]
     total: float
+    machine: machine.Burst | None = None
+    writes: dict[str, machine.Writes] | None = None
+    """Per API server (``consumer``, ``provider``): its write counts at the start, then the
+    difference at the end."""
 
     def stages(self) -> str:
         """The median split of a pod's way to Running: the scheduler's binding, then the rest."""
@@ -109,9 +121,12 @@ async def create_and_time(
     run: str,
     node: str | None = None,
     vk: subprocess.Popen[bytes] | None = None,
+    servers: dict[str, KubeClient] | None = None,
 ) -> Timed:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
-    every namespace; per-pod seconds to bound and to Running, and the total seconds."""
+    every namespace; per-pod seconds to bound and to Running, and the total seconds. With
+    ``servers`` (name -> admin client), also what the burst cost the machine (CPU, and the
+    writes each API server served) from the first create to the last pod Running."""
     running: dict[ObjectKey, float] = {}
     bound: dict[ObjectKey, float] = {}
     created: dict[ObjectKey, float] = {}
@@ -135,7 +150,6 @@ async def create_and_time(
 
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0.5)
-    start = time.monotonic()
     sem = asyncio.Semaphore(32)
 
     async def create(key: ObjectKey) -> None:
@@ -144,6 +158,10 @@ async def create_and_time(
             await client.create(PODS, pod(key.name, run, node), key.namespace)
 
     timeout = max(120, len(pods))
+    names = {vk.pid: "virtual kubelet (bench)"} if vk is not None else {}
+    writes_before = {name: await machine.writes(s) for name, s in (servers or {}).items()}
+    cpu_before = machine.snapshot()
+    start = time.monotonic()
     try:
         await asyncio.gather(*(create(key) for key in pods))
         async with asyncio.timeout(timeout):
@@ -165,9 +183,11 @@ async def create_and_time(
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
     total = time.monotonic() - start
+    burst = machine.snapshot().since(cpu_before, names=names)
+    writes = {name: (await machine.writes(s)) - writes_before[name] for name, s in (servers or {}).items()}
     # a pod seen first already Running was bound no later than that
     return Timed([running[k] - created[k] for k in created],
-                 [bound.get(k, running[k]) - created[k] for k in created], total)  # fmt: skip
+                 [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes)  # fmt: skip
 
 
 async def wait_gone(client: KubeClient, namespace: str) -> None:
@@ -300,6 +320,12 @@ async def throughput(
     idle: float,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
+    rest = machine.snapshot()
+    await asyncio.sleep(REST_SECONDS)
+    at_rest = machine.snapshot().since(rest, names={vk.pid: "virtual kubelet (bench)"})
+    print(f"machine at rest, before the bursts: cores {at_rest.busy / at_rest.total * 100:.0f} % busy "
+          f"({', '.join(f'{k} {v / REST_SECONDS * 100:.1f} %' for k, v in at_rest.by.most_common(4))} "
+          "of a core)", flush=True)  # fmt: skip
     for n in counts:
         results = {}
         lines: list[str] = []
@@ -314,7 +340,8 @@ async def throughput(
             try:
                 keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
                 results[side] = await create_and_time(
-                    client, keys, suffix, node if side == "offloaded" else None, vk
+                    client, keys, suffix, node if side == "offloaded" else None, vk,
+                    servers={"consumer": c, "provider": p},
                 )
                 if side == "offloaded" and idle > 0:
                     # nothing changes now: what the virtual kubelet spends holding N pods
@@ -358,8 +385,23 @@ async def throughput(
         lines.insert(0, f"  where the time goes: direct {d.stages()} (the provider's scheduler, then its "
                         f"node); offloaded {o.stages()} (the consumer's scheduler, then the virtual "
                         "kubelet, the provider's scheduler and node)")  # fmt: skip
+        lines[1:1] = machine_lines(d, o, n)
         for line in lines:
             print(line, flush=True)
+
+
+def machine_lines(direct: Timed, offloaded: Timed, n: int) -> list[str]:
+    """The work each burst made, on the whole machine, to its last pod Running (see
+    :mod:`bench.machine`)."""
+    lines = []
+    for side, timed in (("direct", direct), ("offloaded", offloaded)):
+        if timed.machine is not None:
+            lines.append(f"  machine, {side}: {timed.machine.summary(n)}")
+    for side, timed in (("direct", direct), ("offloaded", offloaded)):
+        if timed.writes:
+            served = "; ".join(f"{name} {machine.per_pod(done, n)}" for name, done in timed.writes.items())
+            lines.append(f"  API server writes per pod, {side}, all clients, Leases aside: {served}")
+    return lines
 
 
 async def watches_held(port: int) -> int:
