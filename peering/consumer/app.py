@@ -34,6 +34,7 @@ from kube.objects import (
     PODS,
     VIRTUALNODES,
     ObjectKey,
+    RawObject,
     labels,
 )
 from kube.queueing import KeyedQueue
@@ -41,6 +42,7 @@ from kube.settings import LeaderElectionSettings, ProbeSettings, QueueSettings
 
 from ..admission import OFFLOADING_NAME
 from ..clusterid import CLUSTER_ID_CONFIGMAP
+from ..conditions import find_condition
 from ..kubeletworkload import COMPONENT, KubeletWorkloadSettings
 from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
@@ -50,11 +52,31 @@ from .kubelets import VirtualKubeletDeployer, virtual_node_key
 from .offloadings import NamespaceOffloadingReconciler
 from .providers import ProviderClients, ProviderWatches
 
-__all__ = ["LEASE_NAME", "build_consumer"]
+__all__ = ["LEASE_NAME", "build_consumer", "virtual_node_change_concerns"]
 
 logger = logging.getLogger(__name__)
 
 LEASE_NAME = "gpuferry-consumer"
+
+
+def _ready(node: RawObject) -> str | None:
+    cond = find_condition((node.get("status") or {}).get("conditions"), "Ready")
+    return None if cond is None else str(cond.get("status"))
+
+
+def virtual_node_change_concerns(change: Change) -> tuple[bool, bool]:
+    """Whether a change of a virtual Node concerns (its provider's peering, the offloadings).
+
+    A peering reads the node's readiness and labels; an offloading, which providers the labels
+    of the nodes select. A node that comes or goes concerns both. Its status heartbeat (every
+    10 s per node, and on each change of its free room in a burst of pods) concerns neither:
+    each woke every offloading, which applied the admission policies and asked the provider for
+    its twin namespace again. Pure."""
+    old, new = change.old, change.new
+    if change.type != "MODIFIED" or old is None or new is None:
+        return True, True
+    relabelled = labels(old) != labels(new)
+    return relabelled or _ready(old) != _ready(new), relabelled
 
 
 def build_consumer(
@@ -101,8 +123,11 @@ def build_consumer(
             no_q.add(key)
 
     def node_changed(change: Change) -> None:
-        peering(labels(change.object).get(PROVIDER_LABEL))
-        every_offloading(change)  # which providers a namespace may use depends on their nodes
+        for_peering, for_offloadings = virtual_node_change_concerns(change)
+        if for_peering:
+            peering(labels(change.object).get(PROVIDER_LABEL))
+        if for_offloadings:
+            every_offloading(change)  # which providers a namespace may use depends on their nodes
 
     foreign_clusters.add_handler(lambda change: fc_q.add(change.key))
     virtual_node_objects.add_handler(lambda change: peering(change.key.name))
