@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, PROVIDER_LABEL, SYSTEM_NAMESPACE
@@ -49,10 +50,10 @@ from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
 from .foreignclusters import ForeignClusterReconciler
 from .kubelets import VirtualKubeletDeployer, virtual_node_key
-from .offloadings import NamespaceOffloadingReconciler
+from .offloadings import NamespaceOffloadingReconciler, selection_changed
 from .providers import ProviderClients, ProviderWatches
 
-__all__ = ["LEASE_NAME", "build_consumer", "virtual_node_change_concerns"]
+__all__ = ["LEASE_NAME", "build_consumer", "offloadings_concerned", "peering_concerned"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +65,31 @@ def _ready(node: RawObject) -> str | None:
     return None if cond is None else str(cond.get("status"))
 
 
-def virtual_node_change_concerns(change: Change) -> tuple[bool, bool]:
-    """Whether a change of a virtual Node concerns (its provider's peering, the offloadings).
-
-    A peering reads the node's readiness and labels; an offloading, which providers the labels
-    of the nodes select. A node that comes or goes concerns both. Its status heartbeat (every
-    10 s per node, and on each change of its free room in a burst of pods) concerns neither:
-    each woke every offloading, which applied the admission policies and asked the provider for
-    its twin namespace again. Pure."""
+def peering_concerned(change: Change) -> bool:
+    """Whether a change of a virtual Node concerns its provider's peering, which reads the
+    node's readiness and finds it by its provider label: a node that comes or goes, or a change
+    of either. Its status heartbeat (every 10 s per node) and the labels that follow the
+    provider's free room (``largest-gpu-block``, several times a second in a burst of pods) do
+    not: each woke the peering, and every offloading, which applied the admission policies and
+    asked the provider for its twin namespace again. Pure."""
     old, new = change.old, change.new
     if change.type != "MODIFIED" or old is None or new is None:
-        return True, True
-    relabelled = labels(old) != labels(new)
-    return relabelled or _ready(old) != _ready(new), relabelled
+        return True
+    return _ready(old) != _ready(new) or labels(old).get(PROVIDER_LABEL) != labels(new).get(PROVIDER_LABEL)
+
+
+def offloadings_concerned(change: Change, offloadings: Iterable[RawObject]) -> list[ObjectKey]:
+    """The offloadings whose selection a change of a virtual Node changes (see
+    :func:`~peering.consumer.offloadings.selection_changed`). Pure."""
+    old = None if change.old is None or change.type == "ADDED" else labels(change.old)
+    new = None if change.new is None or change.type == "DELETED" else labels(change.new)
+    if old == new:
+        return []
+    return [
+        ObjectKey.of(obj)
+        for obj in offloadings
+        if selection_changed(old, new, (obj.get("spec") or {}).get("clusterSelector"))
+    ]
 
 
 def build_consumer(
@@ -118,16 +131,12 @@ def build_consumer(
         for key in foreign_clusters:
             fc_q.add(key)
 
-    def every_offloading(_: Change) -> None:
-        for key in offloadings:
-            no_q.add(key)
-
     def node_changed(change: Change) -> None:
-        for_peering, for_offloadings = virtual_node_change_concerns(change)
-        if for_peering:
+        if peering_concerned(change):
             peering(labels(change.object).get(PROVIDER_LABEL))
-        if for_offloadings:
-            every_offloading(change)  # which providers a namespace may use depends on their nodes
+        # which providers a namespace may use depends on their nodes' labels
+        for key in offloadings_concerned(change, offloadings.values()):
+            no_q.add(key)
 
     foreign_clusters.add_handler(lambda change: fc_q.add(change.key))
     virtual_node_objects.add_handler(lambda change: peering(change.key.name))

@@ -46,7 +46,7 @@ from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from .builders import FIELD_MANAGER
 from .providers import ProviderClients, identity_data
 
-__all__ = ["FINALIZER", "NamespaceOffloadingReconciler", "selected_providers"]
+__all__ = ["FINALIZER", "NamespaceOffloadingReconciler", "selected_providers", "selection_changed"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,22 @@ def selected_providers(virtual_nodes: Sequence[RawObject], selector: Mapping[str
         if provider and (not selector or _matches(labels(node), selector)):
             picked.append(provider)
     return sorted(set(picked))
+
+
+def selection_changed(
+    old: Mapping[str, str] | None, new: Mapping[str, str] | None, selector: Mapping[str, Any] | None
+) -> bool:
+    """Whether a virtual node whose labels went from ``old`` to ``new`` (None: no node) changes
+    what an offloading with ``selector`` selects: the provider it stands for, or whether it is
+    selected. Pure."""
+
+    def picked(node_labels: Mapping[str, str] | None) -> str | None:
+        if node_labels is None:
+            return None
+        provider = node_labels.get(PROVIDER_LABEL)
+        return provider if provider and (not selector or _matches(node_labels, selector)) else None
+
+    return picked(old) != picked(new)
 
 
 def overall_phase(entries: Sequence[Mapping[str, Any]]) -> str:

@@ -7,15 +7,18 @@ from typing import Any
 import orjson
 import pytest
 
+from kube.api import PROVIDER_LABEL
 from kube.informers import Change
 from kube.objects import ObjectKey
-from peering.consumer.app import virtual_node_change_concerns
+from peering.consumer.app import offloadings_concerned, peering_concerned
+
+PROVIDER = PROVIDER_LABEL
 
 
 def node(*, ready: str = "True", heartbeat: str = "t0", labels: dict[str, str] | None = None,
          pods: str = "110") -> dict[str, Any]:  # fmt: skip
     return {
-        "metadata": {"name": "gpuferry-gpu-farm", "labels": labels or {"gpuferry.io/provider-id": "farm"}},
+        "metadata": {"name": "gpuferry-gpu-farm", "labels": {PROVIDER: "farm", **(labels or {})}},
         "status": {
             "allocatable": {"pods": pods},
             "conditions": [
@@ -26,29 +29,62 @@ def node(*, ready: str = "True", heartbeat: str = "t0", labels: dict[str, str] |
     }
 
 
+def offloading(namespace: str, selector: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = {"clusterSelector": selector} if selector is not None else {}
+    return {"metadata": {"name": "offloading", "namespace": namespace}, "spec": spec}
+
+
+BIG = {"key": "gpuferry.io/largest-gpu-block", "operator": "In", "values": ["8"]}
+OFFLOADINGS = [
+    offloading("all"),
+    offloading("eu", {"matchLabels": {"region": "eu"}}),
+    offloading("big", {"matchExpressions": [BIG]}),
+]
+
+
 def modified(old: dict[str, Any], new: dict[str, Any]) -> Change:
     return Change("MODIFIED", ObjectKey(None, "gpuferry-gpu-farm"), old, new)
 
 
+def woken(change: Change) -> set[str]:
+    return {str(key.namespace) for key in offloadings_concerned(change, OFFLOADINGS)}
+
+
 def test_a_heartbeat_or_a_new_free_room_concerns_neither() -> None:
-    assert virtual_node_change_concerns(modified(node(), node(heartbeat="t1", pods="90"))) == (False, False)
+    change = modified(node(), node(heartbeat="t1", pods="90"))
+    assert not peering_concerned(change)
+    assert woken(change) == set()
 
 
 def test_readiness_concerns_the_peering_only() -> None:
-    assert virtual_node_change_concerns(modified(node(), node(ready="False"))) == (True, False)
+    change = modified(node(), node(ready="False"))
+    assert peering_concerned(change)
+    assert woken(change) == set()
 
 
-def test_labels_concern_both() -> None:
-    relabelled = node(labels={"gpuferry.io/provider-id": "farm", "region": "eu"})
-    assert virtual_node_change_concerns(modified(node(), relabelled)) == (True, True)
+def test_a_label_wakes_only_the_offloadings_whose_selection_it_changes() -> None:
+    block = "gpuferry.io/largest-gpu-block"
+    change = modified(node(labels={block: "8"}), node(labels={block: "6"}))
+    assert not peering_concerned(change)  # the largest free block follows every burst of pods
+    assert woken(change) == {"big"}
+    assert woken(modified(node(labels={block: "6"}), node(labels={block: "5"}))) == set()
+    assert woken(modified(node(), node(labels={"region": "eu"}))) == {"eu"}
+
+
+def test_a_new_provider_label_concerns_the_peering_and_every_offloading_selecting_the_node() -> None:
+    change = modified(node(), node(labels={PROVIDER: "other"}))
+    assert peering_concerned(change)
+    assert woken(change) == {"all"}
 
 
 @pytest.mark.parametrize("kind", ["ADDED", "DELETED"])
-def test_a_node_that_comes_or_goes_concerns_both(kind: str) -> None:
+def test_a_node_that_comes_or_goes_concerns_the_peering_and_the_offloadings_selecting_it(kind: str) -> None:
     old, new = (None, node()) if kind == "ADDED" else (node(), None)
-    assert virtual_node_change_concerns(Change(kind, ObjectKey(None, "n"), old, new)) == (True, True)  # type: ignore[arg-type]
+    change = Change(kind, ObjectKey(None, "n"), old, new)  # type: ignore[arg-type]
+    assert peering_concerned(change)
+    assert woken(change) == {"all"}
 
 
 def test_a_compact_old_object_is_read_too() -> None:
     packed = Change("MODIFIED", ObjectKey(None, "n"), orjson.dumps(node()), node(ready="Unknown"))
-    assert virtual_node_change_concerns(packed) == (True, False)
+    assert peering_concerned(packed)
