@@ -30,9 +30,19 @@ async def _main(args: argparse.Namespace) -> None:
             leader_elect=leader.enabled, lease_namespace=leader.namespace, lease_name=leader.name,
             lease_seconds=leader.lease_seconds, renew_seconds=leader.renew_seconds,
             queue=QueueSettings.from_env(workers=args.workers), watch=WatchSettings.from_env(),
-            probes=probe_settings(args),
+            probes=probe_settings(args), pool_pace=args.pool_pace,
         )  # fmt: skip
         await run_provider(client, settings=settings, handle_signals=True)
+
+
+def _not_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if number < 0 or number != number:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         help="lifetime asked for issued client certificates (default: 30 days)",
     )
     parser.add_argument("--workers", type=int, default=defaults.queue.workers, help="workers per work queue")
+    parser.add_argument(
+        "--pool-pace",
+        type=_not_negative,
+        default=defaults.pool_pace,
+        help="after a pass over the GPU pool, wait this many times as long as it took before the next "
+        f"(at most 2 s; default {defaults.pool_pace:g}: passes take at most a fifth of a core in a "
+        "burst of pods; 0: no wait)",
+    )
     add_runtime_arguments(parser, lease_name=defaults.lease_name)
     args = parser.parse_args(argv)
     setup_logging(LoggingSettings.from_env())

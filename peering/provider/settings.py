@@ -20,6 +20,10 @@ class ProviderSettings:
     """Requested lifetime of issued client certificates (the signer may cap it)."""
     resync_seconds: float = 300.0
     """Every Tenant and the GPU pool are reconciled again after this long, changes or not."""
+    pool_pace: float = 4.0
+    """After a pass over the GPU pool (every node and pod), the next one waits this many times
+    as long as it took (at most 2 s): the passes take at most 1/(1 + pool_pace) of a core in a
+    burst of pods (:mod:`kube.pacing`). 0: no wait beyond the 0.1 s that batches a burst."""
     quota_sync_retry: float = 0.5
     """How soon to look again while the quota controller has not synced a lowered quota."""
     leader_elect: bool = True

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -22,6 +23,7 @@ from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import gauge
 from kube.objects import ObjectKey, RawObject, labels, meta
+from kube.pacing import Pacer
 from kube.patching import patch_changes
 from kube.quantities import ResourceList, add, parse_resource_list
 from kube.reconciling import Requeue
@@ -101,6 +103,9 @@ class PoolReconciler:
         self.requests = requests
         """The tenants' twin-namespace requests (NamespaceOffloadings): their waiting blocks."""
         self.settings = settings
+        self.pacer = Pacer(factor=settings.pool_pace)
+        """Every pod change asks for a pass over every node and pod: a burst of pods on a large
+        provider made passes back to back (see :mod:`kube.pacing`)."""
 
     def _waiting_blocks(self) -> dict[str, Decimal]:
         """Tenant namespace → GPUs of its largest pod waiting for a block."""
@@ -120,6 +125,10 @@ class PoolReconciler:
     async def reconcile(self, key: str) -> Requeue | None:
         for cache in (self.nodes, self.pods, self.slices, self.twins, *(self.dra or ())):
             await cache.synced.wait()
+        started = time.monotonic()
+        wait = self.pacer.wait(started)
+        if wait > 0:
+            return Requeue(wait)  # the changes meanwhile are read then, in one pass
         twin_tenants = {meta(ns)["name"]: labels(ns).get(LABEL_TENANT, "") for ns in self.twins.values()}
         slices = {ObjectKey.of(s): s for s in self.slices.values() if not meta(s).get("deletionTimestamp")}
         devices, device_use = self.dra.devices() if self.dra is not None else ({}, {})
@@ -135,6 +144,7 @@ class PoolReconciler:
             except ValueError as exc:
                 object_logger(logger, "GPUSlice", skey).error("invalid request: %s", exc)
         decisions = allocate(free, requests)
+        self.pacer.record(started, time.monotonic())  # the pass's own work; the writes wait on others
         for (ns, name), decision in decisions.items():
             granted = self.dra.granted(decision.nodes) if self.dra is not None else None
             await self._write(slices[ObjectKey(ns, name)], decision, granted)

@@ -94,3 +94,17 @@ def test_a_kubeconfig_that_is_not_one_is_one_line(tmp_path: Path, content: bytes
     proc = gpuferry("info", "--kubeconfig", str(bad))
     assert proc.returncode == 1
     assert said in one_error_line(proc)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"), [("-1", "must be 0 or more, not -1"), ("fast", "not a number: 'fast'")]
+)
+def test_the_provider_controller_refuses_a_pool_pace_that_is_not_a_rest(
+    value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peering.provider.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--pool-pace", value])
+    assert exited.value.code == 2
+    assert f"argument --pool-pace: {said}" in capsys.readouterr().err
