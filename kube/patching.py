@@ -26,7 +26,8 @@ def diff_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
             patch[key] = None
     for key, value in new.items():
         if key not in old:
-            patch[key] = copy.deepcopy(value)
+            if value is not None:  # null removes a key: for one that is not there, a no-op write
+                patch[key] = copy.deepcopy(value)
             continue
         before = old[key]
         if isinstance(before, Mapping) and isinstance(value, Mapping):

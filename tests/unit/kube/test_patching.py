@@ -29,6 +29,15 @@ def test_changes_additions_and_removals() -> None:
     }
 
 
+def test_null_for_a_key_that_is_not_there_is_no_change() -> None:
+    # a NamespaceOffloading without a clusterSelector has no allowedProviders, and its
+    # reconciler asks for None: that was a status PATCH on every pass, changing nothing
+    old = {"status": {"phase": "Ready"}}
+    assert diff_merge_patch(old, {"status": {"phase": "Ready", "allowedProviders": None}}) == {}
+    had, gone = {"status": {"allowedProviders": ["a"]}}, {"status": {"allowedProviders": None}}
+    assert diff_merge_patch(had, gone) == gone
+
+
 def test_lists_and_type_changes_are_replaced_whole() -> None:
     assert diff_merge_patch({"l": [1, 2, 3]}, {"l": [1, 2]}) == {"l": [1, 2]}
     assert diff_merge_patch({"v": {"a": 1}}, {"v": "flat"}) == {"v": "flat"}
