@@ -46,7 +46,13 @@ from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from .builders import FIELD_MANAGER
 from .providers import ProviderClients, identity_data
 
-__all__ = ["FINALIZER", "NamespaceOffloadingReconciler", "selected_providers", "selection_changed"]
+__all__ = [
+    "FINALIZER",
+    "NamespaceOffloadingReconciler",
+    "pending_retry",
+    "selected_providers",
+    "selection_changed",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +103,19 @@ def selection_changed(
     return picked(old) != picked(new)
 
 
+PENDING_RETRY_MAX = 5.0
+"""The longest wait between two looks at an offloading that stays Pending (a provider that
+has not answered yet, or is down)."""
+
+
+def pending_retry(passes: int) -> float:
+    """Seconds until an offloading found Pending ``passes`` times in a row is looked at again:
+    1, 2, 4, then 5 s. A request to a provider is answered within a second or two; one that is
+    down made every offloading pass every second (each pass ~9 requests on both clusters).
+    Pure."""
+    return min(PENDING_RETRY_MAX, 2.0 ** max(0, passes - 1))
+
+
 def overall_phase(entries: Sequence[Mapping[str, Any]]) -> str:
     """The phase over every provider's twin namespace. Pure."""
     if not entries:
@@ -126,6 +145,8 @@ class NamespaceOffloadingReconciler:
         self.virtual_nodes = virtual_nodes
         self.clients = clients
         self.resync_seconds = resync_seconds
+        self._pending: dict[ObjectKey, int] = {}
+        """Offloading -> passes in a row that found it Pending."""
 
     async def _tenant(self, provider_id: str) -> KubeClient | None:
         data = await identity_data(self.consumer, provider_id)
@@ -137,6 +158,7 @@ class NamespaceOffloadingReconciler:
         try:
             obj = await self.consumer.get(NAMESPACEOFFLOADINGS, key.name, key.namespace)
         except NotFound:
+            self._pending.pop(key, None)
             return None
         consumer_id = await read_cluster_id(self.consumer)
         if meta(obj).get("deletionTimestamp"):
@@ -191,7 +213,11 @@ class NamespaceOffloadingReconciler:
             await patch_changes(
                 self.consumer, NAMESPACEOFFLOADINGS, obj, {**obj, "status": status}, subresource="status"
             )
-        return Requeue(1.0 if phase == "Pending" else self.resync_seconds)
+        if phase != "Pending":
+            self._pending.pop(key, None)
+            return Requeue(self.resync_seconds)
+        self._pending[key] = passes = self._pending.get(key, 0) + 1
+        return Requeue(pending_retry(passes))
 
     async def _refuse(self, obj: RawObject, consumer_id: str | None, message: str) -> None:
         """Failed at once, asking no provider (and withdrawing what an earlier version asked)."""

@@ -1,4 +1,5 @@
-"""Which changes of a virtual Node wake the consumer's peering and offloading controllers."""
+"""Which changes of a virtual Node wake the consumer's peering and offloading controllers, and
+how often a Pending offloading is looked at again."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from kube.api import PROVIDER_LABEL
 from kube.informers import Change
 from kube.objects import ObjectKey
 from peering.consumer.app import offloadings_concerned, peering_concerned
+from peering.consumer.offloadings import pending_retry
 
 PROVIDER = PROVIDER_LABEL
 
@@ -88,3 +90,7 @@ def test_a_node_that_comes_or_goes_concerns_the_peering_and_the_offloadings_sele
 def test_a_compact_old_object_is_read_too() -> None:
     packed = Change("MODIFIED", ObjectKey(None, "n"), orjson.dumps(node()), node(ready="Unknown"))
     assert peering_concerned(packed)
+
+
+def test_an_offloading_that_stays_pending_is_looked_at_less_and_less_often_down_to_every_5_s() -> None:
+    assert [pending_retry(n) for n in range(1, 8)] == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0]
