@@ -397,6 +397,10 @@ def machine_lines(direct: Timed, offloaded: Timed, n: int) -> list[str]:
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.machine is not None:
             lines.append(f"  machine, {side}: {timed.machine.summary(n)}")
+    if direct.machine is not None and offloaded.machine is not None and direct.machine.busy > 0:
+        lines.append(f"  machine: the offloaded burst's CPU per pod is "
+                     f"{offloaded.machine.busy / direct.machine.busy:.2f}x the direct one's (the time "
+                     f"ratio follows it where the cores are busy through both)")  # fmt: skip
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.writes:
             served = "; ".join(f"{name} {machine.per_pod(done, n)}" for name, done in timed.writes.items())
