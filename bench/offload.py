@@ -105,8 +105,8 @@ class Timed:
     total: float
     machine: machine.Burst | None = None
     writes: dict[str, machine.Writes] | None = None
-    """Per API server (``consumer``, ``provider``): its write counts at the start, then the
-    difference at the end."""
+    """Per API server (``consumer``, ``provider``): the writes it served for the burst (a server
+    whose /metrics could not be read is left out)."""
 
     def stages(self) -> str:
         """The median split of a pod's way to Running: the scheduler's binding, then the rest."""
@@ -184,7 +184,11 @@ async def create_and_time(
         await asyncio.gather(watcher, return_exceptions=True)
     total = time.monotonic() - start
     burst = machine.snapshot().since(cpu_before, names=names)
-    writes = {name: (await machine.writes(s)) - writes_before[name] for name, s in (servers or {}).items()}
+    writes = {}
+    for name, server in (servers or {}).items():
+        before, after = writes_before[name], await machine.writes(server)
+        if before is not None and after is not None:
+            writes[name] = after - before
     # a pod seen first already Running was bound no later than that
     return Timed([running[k] - created[k] for k in created],
                  [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes)  # fmt: skip

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.machine import Snapshot, component_of, parse_writes, per_pod, snapshot
+from bench.machine import Snapshot, component_of, parse_writes, per_pod, snapshot, writes
+from kube.clients import KubeClient
+from kube.kubeconfigs import Connection
 
 METRICS = """\
 # HELP apiserver_request_total Counter of apiserver requests
@@ -85,3 +87,11 @@ def test_this_process_shows_in_a_snapshot_of_the_real_proc() -> None:
     assert now.total >= now.busy > 0
     assert os.getpid() in now.processes
     assert now.processes[os.getpid()][1] > 0
+
+
+async def test_an_api_server_whose_metrics_cannot_be_read_gives_no_writes_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    async with KubeClient(Connection(server="https://127.0.0.1:1")) as unreachable:
+        assert await writes(unreachable) is None
+    assert "API server writes not counted: https://127.0.0.1:1/metrics" in capsys.readouterr().err
