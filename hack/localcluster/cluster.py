@@ -270,7 +270,7 @@ class LocalCluster:
                     # DefaultTolerationSeconds, CertificateApproval/Signing/SubjectRestriction, ...)
                     "--enable-admission-plugins=NodeRestriction",
                     "--allow-privileged=true",
-                    "--profiling=false",
+                    f"--profiling={'true' if spec.profiling else 'false'}",
                     # the aggregation layer (metrics-server), as kubeadm configures it
                     f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
                     "--requestheader-allowed-names=front-proxy-client",

@@ -149,6 +149,8 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     run_dir: Path
     real_node: RealNodeSpec | None = None
+    # serve /debug/pprof on the API server (off as in production; GPUFERRY_APISERVER_PROFILING=1)
+    profiling: bool = False
 
     @property
     def first_service_ip(self) -> str:
@@ -415,6 +417,7 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
         raise ValueError(f"unknown profile {profile!r}; choose one of {sorted(PROFILE_PORT_BASES)}")
     root = (run_root or default_run_root()) / profile
     bases = PROFILE_PORT_BASES[profile]
+    profiling = os.environ.get("GPUFERRY_APISERVER_PROFILING") == "1"
     return {
         "consumer": ClusterSpec(
             name="consumer",
@@ -425,6 +428,7 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
             nodes=consumer_nodes(),
             run_dir=root / "consumer",
             real_node=RealNodeSpec(name="real-0", pod_cidr="10.244.10.0/24"),
+            profiling=profiling,
         ),
         "provider": ClusterSpec(
             name="provider",
@@ -438,5 +442,6 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
                 name="real-0", pod_cidr="10.244.20.0/24", gpus=2,
                 gpu_labels={**T4_LABELS, "nvidia.com/gpu.count": "2"},
             ),
+            profiling=profiling,
         ),
     }
