@@ -232,35 +232,50 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-Requests = dict[tuple[str, str, str], float]
-"""(server, verb, resource) -> requests the virtual kubelet sent."""
+Requests = dict[tuple[str, str, str, str], float]
+"""(what, server, a, b) -> count, from the virtual kubelet's /metrics: ("requests", server, verb,
+resource) for the requests it sent, ("events", server, resource, type) for the objects its
+list+watch loops received."""
+
+_VK_COUNTERS = {
+    "gpuferry_api_requests_total": ("requests", "verb", "resource"),
+    "gpuferry_watch_events_total": ("events", "resource", "type"),
+}
+
+
+def parse_vk_metrics(text: str) -> Requests:
+    """The request and watch-event counters of a /metrics text. Pure."""
+    out: Requests = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (known := _VK_COUNTERS.get(sample.name)) is not None:
+                what, a, b = known
+                labels = sample.labels
+                key = (what, labels["server"], labels[a], labels[b])
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
 
 
 async def requests_sent(port: int) -> Requests:
     async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
-        text = await resp.text()
-    out: Requests = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "gpuferry_api_requests_total":
-                labels = sample.labels
-                out[(labels["server"], labels["verb"], labels["resource"])] = sample.value
-    return out
+        return parse_vk_metrics(await resp.text())
 
 
 def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str]) -> list[str]:
-    """One line per cluster: its requests per pod by verb and resource, most first."""
+    """Per cluster: the requests per pod by verb and resource, then the watch events received per
+    pod by resource and type, most first (a line each; under 0.005 per pod left out). Pure."""
     lines = []
-    for server, side in sides.items():
-        counts = {
-            f"{verb} {resource}": (after[k] - before.get(k, 0.0)) / pods
-            for k in after
-            if k[0] == server and (verb := k[1]) not in ("watch",) and (resource := k[2])
-        }
-        counts = {k: v for k, v in counts.items() if v >= 0.005}
-        total = sum(counts.values())
-        detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-        lines.append(f"  {side}: {total:.2f} requests per pod ({detail or 'none'})")
+    for what, unit in (("requests", "requests"), ("events", "watch events received")):
+        for server, side in sides.items():
+            counts = {
+                f"{a} {b}": (after[k] - before.get(k, 0.0)) / pods
+                for k in after
+                if k[0] == what and k[1] == server and (a := k[2]) != "watch" and (b := k[3])
+            }
+            counts = {k: v for k, v in counts.items() if v >= 0.005}
+            total = sum(counts.values())
+            detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+            lines.append(f"  {side}: {total:.2f} {unit} per pod ({detail or 'none'})")
     return lines
 
 

@@ -142,6 +142,11 @@ class KubeClient:
         """The API server's URL, without a trailing slash."""
         return self.connection.server
 
+    @property
+    def server(self) -> str:
+        """The API server as the metrics' ``server`` label names it (host:port)."""
+        return self._server
+
     async def __aenter__(self) -> Self:
         await self.open()
         return self

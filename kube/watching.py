@@ -40,6 +40,7 @@ from .errors import (
     from_response,
     is_temporary,
 )
+from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
 from .settings import WatchSettings
 
@@ -49,6 +50,13 @@ logger = logging.getLogger(__name__)
 
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 _EVENT_TYPES: frozenset[str] = frozenset({"ADDED", "MODIFIED", "DELETED"})
+_WATCH_EVENTS = counter(
+    "watch_events",
+    "Objects received by list+watch loops, by resource, type (ADDED, MODIFIED, DELETED, BOOKMARK; "
+    "LISTED for each item of a list) and server (host:port): with api_requests, the work a "
+    "component does for each object that changes.",
+    ["resource", "type", "server"],
+)
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,10 @@ async def watch_objects(
     failures = 0
     attempts = 0
     what = f"{resource} in {namespace}" if namespace else str(resource)
+    received = {
+        kind: _WATCH_EVENTS.labels(resource.plural, kind, client.server)
+        for kind in ("LISTED", "ADDED", "MODIFIED", "DELETED", "BOOKMARK")
+    }
     while _iterations is None or attempts < _iterations:
         attempts += 1
         try:
@@ -183,6 +195,7 @@ async def watch_objects(
                     client, resource, namespace, label_selector, field_selector, settings
                 )
                 failures = 0
+                received["LISTED"].inc(len(items))
                 keys = []
                 # handed out one by one and let go of: the list stays in this frame while the
                 # watch runs, and a kept list of ten thousand full pods is ~180 MB (issue 15)
@@ -205,6 +218,8 @@ async def watch_objects(
                 new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if new_rv:
                     rv = str(new_rv)
+                if (count := received.get(kind)) is not None:
+                    count.inc()
                 if kind in _EVENT_TYPES:
                     obj.setdefault("apiVersion", resource.api_version)
                     obj.setdefault("kind", resource.kind)

@@ -10,6 +10,7 @@ import pytest
 
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound, ResourceNotServed
+from kube.metrics import REGISTRY
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
@@ -319,3 +320,29 @@ async def test_the_listed_objects_are_let_go_once_handed_out(fake: FakeApi, clie
     del item
     assert _listed_objects_alive("kept-", fake) == 0
     await stream.aclose()  # type: ignore[attr-defined]
+
+
+async def test_what_a_loop_receives_is_counted_by_resource_type_and_server(
+    fake: FakeApi, client: KubeClient
+) -> None:
+    def seen(kind: str) -> float:
+        labels = {"resource": "configmaps", "type": kind, "server": client.server}
+        return REGISTRY.get_sample_value("gpuferry_watch_events_total", labels) or 0.0
+
+    before = {kind: seen(kind) for kind in ("LISTED", "ADDED", "MODIFIED", "DELETED", "BOOKMARK")}
+    fake.put("a", "b", "c")
+    fake.watch_scripts = [
+        [
+            bookmark(200),
+            event("MODIFIED", configmap("a", 201)),
+            event("DELETED", configmap("b", 202)),
+            event("ADDED", configmap("d", 203)),
+        ]
+    ]
+
+    await collect(client, iterations=2)
+
+    assert client.server and "://" not in client.server
+    assert {kind: seen(kind) - before[kind] for kind in before} == {
+        "LISTED": 3, "ADDED": 1, "MODIFIED": 1, "DELETED": 1, "BOOKMARK": 1,
+    }  # fmt: skip

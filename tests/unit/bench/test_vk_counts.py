@@ -1,0 +1,45 @@
+"""The bench reads the virtual kubelet's request and watch-event counters and prints them per pod."""
+
+from __future__ import annotations
+
+from bench.offload import parse_vk_metrics, per_pod
+
+TEXT = """\
+# HELP gpuferry_api_requests_total Requests sent to API servers.
+# TYPE gpuferry_api_requests_total counter
+gpuferry_api_requests_total{verb="create",resource="pods",server="127.0.0.1:2"} 210.0
+gpuferry_api_requests_total{verb="patch",resource="pods/status",server="127.0.0.1:1"} 100.0
+gpuferry_api_requests_total{verb="watch",resource="pods",server="127.0.0.1:1"} 3.0
+# HELP gpuferry_watch_events_total Objects received by list+watch loops.
+# TYPE gpuferry_watch_events_total counter
+gpuferry_watch_events_total{resource="pods",type="MODIFIED",server="127.0.0.1:2"} 300.0
+gpuferry_watch_events_total{resource="pods",type="ADDED",server="127.0.0.1:2"} 110.0
+gpuferry_watch_events_total{resource="pods",type="ADDED",server="127.0.0.1:1"} 100.0
+gpuferry_watch_events_total{resource="events",type="BOOKMARK",server="127.0.0.1:1"} 0.2
+# HELP gpuferry_other_total Not ours to count.
+# TYPE gpuferry_other_total counter
+gpuferry_other_total{server="127.0.0.1:1"} 5.0
+"""
+
+
+def test_both_counters_are_read_by_server_and_nothing_else() -> None:
+    counts = parse_vk_metrics(TEXT)
+    assert counts[("requests", "127.0.0.1:2", "create", "pods")] == 210
+    assert counts[("events", "127.0.0.1:2", "pods", "MODIFIED")] == 300
+    assert counts[("events", "127.0.0.1:1", "pods", "ADDED")] == 100
+    assert len(counts) == 7
+
+
+def test_per_pod_lines_requests_then_events_per_cluster_watches_and_crumbs_left_out() -> None:
+    before = parse_vk_metrics(TEXT.replace("210.0", "10.0").replace("110.0", "10.0"))
+    after = parse_vk_metrics(TEXT)
+    lines = per_pod(before, after, 100, {"127.0.0.1:1": "consumer", "127.0.0.1:2": "provider"})
+    assert lines == [
+        "  consumer: 0.00 requests per pod (none)",
+        "  provider: 2.00 requests per pod (create pods 2.00)",
+        "  consumer: 0.00 watch events received per pod (none)",
+        "  provider: 1.00 watch events received per pod (pods ADDED 1.00)",
+    ]
+    lines = per_pod({}, after, 100, {"127.0.0.1:1": "consumer", "127.0.0.1:2": "provider"})
+    assert lines[0] == "  consumer: 1.00 requests per pod (patch pods/status 1.00)"
+    assert lines[3] == "  provider: 4.10 watch events received per pod (pods MODIFIED 3.00, pods ADDED 1.10)"
