@@ -109,6 +109,7 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         assert declared["metadata"]["namespace"] == "kube-system"
         assert declared["data"]["podCIDRs"] == "10.244.0.0/16,10.250.0.0/16"
         if role == "provider":
+            assert "--pool-pace=4" in container["args"], container["args"]  # the controller's default
             service = by_name["Service", "gpuferry-gateway"]["spec"]
             assert service["type"] == "NodePort"
             assert [(p["protocol"], p["port"], p["nodePort"]) for p in service["ports"]][:2] == [
@@ -120,6 +121,15 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         # every object as the API server validates it (server-side dry run, nothing is stored)
         consumer.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
         consumer.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
+    # the provider's pacing, as --set gives a fraction (a string: the schema takes it)
+    rendered = helm(consumer, "template", "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE,
+                    "--set", "clusterID=ml-eu", "--set", "provider.enabled=true",
+                    "--set", "provider.poolPace=0.5", *NETWORK_VALUES).stdout  # fmt: skip
+    wanted = ("Deployment", "gpuferry-provider")
+    deployment = next(
+        d for d in yaml.safe_load_all(rendered) if d and (d["kind"], d["metadata"]["name"]) == wanted
+    )
+    assert "--pool-pace=0.5" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
 @pytest.mark.parametrize(
@@ -129,6 +139,8 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         (["--set", "clusterID=ML_EU"], "does not match pattern"),
         (["--set", "clusterID=ml-eu", "--set", "provider.replicas=0"], "minimum"),
         (["--set", "clusterID=ml-eu", "--set", "image.pullPolicy=Sometimes"], "must be one of"),
+        (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=-1"], "minimum"),
+        (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=fast"], "does not match pattern"),
         (
             ["--set", "clusterID=ml-eu", "--namespace", "default"],
             "install gpuferry into the namespace gpuferry-system",
