@@ -35,7 +35,7 @@ from kube.reconciling import Reconciler
 
 from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET
 from .forge.node import network_condition
-from .forge.pods import ForgeOptions
+from .forge.pods import ForgeOptions, matters_to_twin_sync
 from .kubelet import KubeletContext, serve_kubelet_api
 from .kubelet.certificates import ServingCertificate
 from .node.controller import NodeController
@@ -53,6 +53,9 @@ from .remote import RemoteSide, TenantSide, remote_side
 from .settings import VirtualKubeletSettings
 
 __all__ = ["PodSync", "assemble_virtual_kubelet", "build_virtual_kubelet", "forge_options"]
+
+_BOUND_BY_THE_PROVIDER = frozenset({"nodeName"})
+"""What the provider's scheduler writes into a twin's spec, and the twin sync never reads."""
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ def assemble_virtual_kubelet(
     occupied = NamespacePods()
 
     def local_pod_changed(change: Change) -> None:
-        pods.add(change.key)
+        pods.local_changed(change)
         for copier in copiers:
             copier.pod_changed(change.key)
         events.pod_changed(change.key)
@@ -170,6 +173,20 @@ class PodSync:
         self.to_remote.add(key)
         self.status_from_remote.add(key)
 
+    def local_changed(self, change: Change) -> None:
+        """The consumer pod changed: its status is looked at again; its twin only when the
+        change can matter to it (not the status written back, say)."""
+        self.status_from_remote.add(change.key)
+        if matters_to_twin_sync(change.type, change.old, change.new):
+            self.to_remote.add(change.key)
+
+    def remote_changed(self, change: Change) -> None:
+        """The twin changed: the consumer pod's status is looked at again; the twin itself only
+        when the change can matter to it (not its binding or its status)."""
+        self.status_from_remote.add(change.key)
+        if matters_to_twin_sync(change.type, change.old, change.new, unread_spec=_BOUND_BY_THE_PROVIDER):
+            self.to_remote.add(change.key)
+
 
 def add_pod_sync(
     manager: Manager,
@@ -193,7 +210,7 @@ def add_pod_sync(
     informers = [local, *remote.informers]
     _add_controller(manager, pods.to_remote, reflector, "Pod", informers)
     _add_controller(manager, pods.status_from_remote, status, "Pod", informers)
-    remote.add_handler(pods.add)
+    remote.add_handler(pods.remote_changed)
 
     def namespaces_changed(origins: set[str]) -> None:  # offloaded, or no longer
         for key in local:
@@ -208,7 +225,7 @@ def add_pod_sync(
     node.on_capacity_change(retry_held)
     consumer_phases, provider_phases = PodPhases(), PodPhases()
     local.add_handler(lambda change: consumer_phases.update(change.key, change.new))
-    remote.add_handler(lambda key: provider_phases.update(key, remote.get(key)))
+    remote.add_handler(lambda change: provider_phases.update(change.key, remote.get(change.key)))
     manager.probes.before_metrics.append(
         lambda: refresh_phase_gauge(consumer_phases.counts(), provider_phases.counts())
     )

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists
-from kube.informers import Informer
+from kube.informers import Change, Informer
 from kube.objects import GPUSLICES, NAMESPACES, ObjectKey, RawObject
 from kube.watching import Listed, watch_objects
 
@@ -43,8 +43,8 @@ class RemoteSide(Protocol):
     Contract:
 
     * :meth:`get`, :meth:`keys`, :meth:`values`: this consumer's twin pods, each filed under the
-      key of the consumer pod it stands for; :meth:`add_handler`'s handlers get that key on every
-      change. A twin that is not found means nothing until :meth:`knows` says so for its key:
+      key of the consumer pod it stands for; :meth:`add_handler`'s handlers get every change (its
+      ``key`` that key). A twin that is not found means nothing until :meth:`knows` says so for its key:
       only then may a reconciler act on its absence (create a twin, report one deleted).
     * :meth:`twin_namespace_for`: where the twins (and the copies they need) of a consumer
       namespace go; ``None``: nowhere (not offloaded), so the pod waits, until
@@ -71,7 +71,7 @@ class RemoteSide(Protocol):
     def twin_namespace_for(self, origin: str) -> str | None: ...
     async def prepare_namespace(self, origin: str) -> None: ...
     async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None: ...
-    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None: ...
+    def add_handler(self, handler: Callable[[Change], None]) -> None: ...
     def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None: ...
     def tasks(self) -> dict[str, TaskFactory]: ...
 
@@ -146,8 +146,8 @@ class AdminSide(_TwinsRead):
     async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None:
         return None  # no tenant quota and no grant shape: nothing waits for either
 
-    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
-        self.twins.add_handler(lambda change: handler(change.key))
+    def add_handler(self, handler: Callable[[Change], None]) -> None:
+        self.twins.add_handler(handler)
 
     def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:
         return None  # twin namespaces are named by rule: the map never changes
@@ -196,7 +196,7 @@ class TenantSide(_TwinsRead):
     async def report_demand(self, origin: str, demand: dict[str, str], block: dict[str, str]) -> None:
         await self.twins.report_demand(origin, demand, block)
 
-    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
+    def add_handler(self, handler: Callable[[Change], None]) -> None:
         self.twins.add_handler(handler)
 
     def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "SERVICE_ACCOUNT_VOLUME_PREFIX",
     "ForgeOptions",
     "is_service_account_volume",
+    "matters_to_twin_sync",
     "remote_pod",
     "remote_pod_update",
     "twin_projection",
@@ -312,3 +313,34 @@ def remote_pod_update(
     if spec:
         patch["spec"] = spec
     return patch or None
+
+
+_UNREAD_METADATA = frozenset({"resourceVersion", "managedFields"})
+
+
+def matters_to_twin_sync(
+    change_type: str,
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    unread_spec: frozenset[str] = frozenset(),
+) -> bool:
+    """Whether a change of a consumer pod or of its twin can change what the twin sync
+    (:func:`remote_pod`, :func:`remote_pod_update`, deleting) does: an addition, a deletion, or a
+    change of the metadata (its resource version aside) or of the spec outside ``unread_spec``.
+    A change of the status alone cannot: the twin sync never reads a twin's status, and a consumer
+    pod's only while its twin is missing, which the twin's own addition or deletion wakes it for.
+    A pod's way to Running is four such changes (the twin bound and Running, the consumer pod's
+    status written back): each forged the twin again only to find nothing to patch (issue 15).
+    Pure."""
+    if change_type != "MODIFIED" or old is None or new is None:
+        return True
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    for key in old_meta.keys() | new_meta.keys():
+        if key not in _UNREAD_METADATA and old_meta.get(key) != new_meta.get(key):
+            return True
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    for key in old_spec.keys() | new_spec.keys():
+        if key not in unread_spec and old_spec.get(key) != new_spec.get(key):
+            return True
+    return False

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from kube import api
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound
-from kube.informers import Informer
+from kube.informers import Change, Informer
 from kube.objects import NAMESPACEOFFLOADINGS, ObjectKey, RawObject
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent
@@ -77,7 +77,7 @@ class TwinNamespaces:
         """Origin (consumer) namespace → twin namespace, for ready requests."""
         self._pods: dict[str, Informer] = {}
         self._watches = NamespaceTasks("watch-twins")
-        self._handlers: list[Callable[[ObjectKey], None]] = []
+        self._handlers: list[Callable[[Change], None]] = []
         self._namespace_handlers: list[Callable[[set[str]], None]] = []
         self._demand: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._demand_refused: set[str] = set()
@@ -128,18 +128,18 @@ class TwinNamespaces:
 
     # ---- subscribing ---------------------------------------------------------------------------
 
-    def add_handler(self, handler: Callable[[ObjectKey], None]) -> None:
-        """Call ``handler`` with the consumer key of every twin that changes (or goes with its
-        namespace)."""
+    def add_handler(self, handler: Callable[[Change], None]) -> None:
+        """Call ``handler`` with every change of a twin, keyed by its consumer key (a twin that
+        goes with its namespace: a deletion with neither side known)."""
         self._handlers.append(handler)
 
     def add_namespaces_handler(self, handler: Callable[[set[str]], None]) -> None:
         """Call ``handler`` with the origins whose twin namespace appeared, changed or went."""
         self._namespace_handlers.append(handler)
 
-    def _notify(self, key: ObjectKey) -> None:
+    def _notify(self, change: Change) -> None:
         for handler in self._handlers:
-            handler(key)
+            handler(change)
 
     # ---- demand ------------------------------------------------------------------------------
 
@@ -190,7 +190,7 @@ class TwinNamespaces:
         for twin in [t for t in self._pods if t not in wanted]:
             self._watches.cancel(twin)
             for key in self._pods.pop(twin):
-                self._notify(key)
+                self._notify(Change("DELETED", key, None, None))
         for twin in wanted - self._pods.keys():
             self._start(twin)
         self._applied = True
@@ -204,7 +204,7 @@ class TwinNamespaces:
         # retried on 403: a namespace just made may have its RoleBinding a moment later
         informer = twin_pods(self.client, self.consumer_id, name=f"twins-{twin}", namespace=twin,
                              settings=self._settings, retry_permanent=True)  # fmt: skip
-        informer.add_handler(lambda change: self._notify(change.key))
+        informer.add_handler(self._notify)
         on_event = self._on_pod_event
         if on_event is not None:
             informer.add_event_handler(lambda item: on_event(twin, item))
