@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import parse_vk_metrics, per_pod
+from bench.offload import parse_vk_metrics, per_pod, reconciles_per_pod
 
 TEXT = """\
 # HELP gpuferry_api_requests_total Requests sent to API servers.
@@ -16,6 +16,13 @@ gpuferry_watch_events_total{resource="pods",type="MODIFIED",server="127.0.0.1:2"
 gpuferry_watch_events_total{resource="pods",type="ADDED",server="127.0.0.1:2"} 110.0
 gpuferry_watch_events_total{resource="pods",type="ADDED",server="127.0.0.1:1"} 100.0
 gpuferry_watch_events_total{resource="events",type="BOOKMARK",server="127.0.0.1:1"} 0.2
+# HELP gpuferry_queue_work_duration_seconds Time spent processing one key.
+# TYPE gpuferry_queue_work_duration_seconds histogram
+gpuferry_queue_work_duration_seconds_bucket{queue="sync_pods_to_remote",le="+Inf"} 320.0
+gpuferry_queue_work_duration_seconds_count{queue="sync_pods_to_remote"} 320.0
+gpuferry_queue_work_duration_seconds_sum{queue="sync_pods_to_remote"} 12.5
+gpuferry_queue_work_duration_seconds_count{queue="sync_status_from_remote"} 800.0
+gpuferry_queue_work_duration_seconds_count{queue="sync_services_to_remote"} 0.0
 # HELP gpuferry_other_total Not ours to count.
 # TYPE gpuferry_other_total counter
 gpuferry_other_total{server="127.0.0.1:1"} 5.0
@@ -27,7 +34,8 @@ def test_both_counters_are_read_by_server_and_nothing_else() -> None:
     assert counts[("requests", "127.0.0.1:2", "create", "pods")] == 210
     assert counts[("events", "127.0.0.1:2", "pods", "MODIFIED")] == 300
     assert counts[("events", "127.0.0.1:1", "pods", "ADDED")] == 100
-    assert len(counts) == 7
+    assert counts[("work", "", "sync_pods_to_remote", "")] == 320
+    assert len(counts) == 10
 
 
 def test_per_pod_lines_requests_then_events_per_cluster_watches_and_crumbs_left_out() -> None:
@@ -43,3 +51,12 @@ def test_per_pod_lines_requests_then_events_per_cluster_watches_and_crumbs_left_
     lines = per_pod({}, after, 100, {"127.0.0.1:1": "consumer", "127.0.0.1:2": "provider"})
     assert lines[0] == "  consumer: 1.00 requests per pod (patch pods/status 1.00)"
     assert lines[3] == "  provider: 4.10 watch events received per pod (pods MODIFIED 3.00, pods ADDED 1.10)"
+
+
+def test_reconciles_per_pod_by_queue_most_first() -> None:
+    before = parse_vk_metrics(TEXT.replace("} 320.0", "} 20.0").replace("} 800.0", "} 0.0"))
+    after = parse_vk_metrics(TEXT)
+    assert reconciles_per_pod(before, after, 100) == (
+        "  vk: 11.00 reconciles per pod (sync_status_from_remote 8.00, sync_pods_to_remote 3.00)"
+    )
+    assert reconciles_per_pod(after, after, 100) == "  vk: 0.00 reconciles per pod (none)"
