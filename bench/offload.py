@@ -260,12 +260,15 @@ def parse_vk_metrics(text: str) -> Requests:
     return out
 
 
-def reconciles_per_pod(before: Requests, after: Requests, pods: int) -> str:
-    """The reconciles per pod, by queue, most first (under 0.005 per pod left out). Pure."""
+def reconciles_per_pod(before: Requests, after: Requests, pods: int, stage: str = "") -> str:
+    """The reconciles per pod, by queue, most first (under 0.005 per pod left out); ``stage``
+    (e.g. ``"Running to gone"``) says which part of the pods' life, where not the way to Running.
+    Pure."""
     counts = {k[2]: (v - before.get(k, 0.0)) / pods for k, v in after.items() if k[0] == "work"}
     counts = {k: v for k, v in counts.items() if v >= 0.005}
     detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return f"  vk: {sum(counts.values()):.2f} reconciles per pod ({detail or 'none'})"
+    said = f", {stage}" if stage else ""
+    return f"  vk: {sum(counts.values()):.2f} reconciles per pod{said} ({detail or 'none'})"
 
 
 async def requests_sent(port: int) -> Requests:
@@ -273,9 +276,13 @@ async def requests_sent(port: int) -> Requests:
         return parse_vk_metrics(await resp.text())
 
 
-def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str]) -> list[str]:
+def per_pod(
+    before: Requests, after: Requests, pods: int, sides: dict[str, str], stage: str = ""
+) -> list[str]:
     """Per cluster: the requests per pod by verb and resource, then the watch events received per
-    pod by resource and type, most first (a line each; under 0.005 per pod left out). Pure."""
+    pod by resource and type, most first (a line each; under 0.005 per pod left out); ``stage``
+    as for :func:`reconciles_per_pod`. Pure."""
+    said = f", {stage}" if stage else ""
     lines = []
     for what, unit in (("requests", "requests"), ("events", "watch events received")):
         for server, side in sides.items():
@@ -287,7 +294,7 @@ def per_pod(before: Requests, after: Requests, pods: int, sides: dict[str, str])
             counts = {k: v for k, v in counts.items() if v >= 0.005}
             total = sum(counts.values())
             detail = ", ".join(f"{k} {v:.2f}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-            lines.append(f"  {side}: {total:.2f} {unit} per pod ({detail or 'none'})")
+            lines.append(f"  {side}: {total:.2f} {unit} per pod{said} ({detail or 'none'})")
     return lines
 
 
@@ -361,6 +368,7 @@ async def throughput(
         results = {}
         lines: list[str] = []
         offload_cpu = steady = 0.0
+        gone: Requests = {}
         running_rss = 0
         for side, client in (("direct", p), ("offloaded", c)):
             ns = f"bench-{side}-{n}-{suffix}"
@@ -391,10 +399,16 @@ async def throughput(
                 await wait_gone(client, ns)
                 if side == "offloaded" and alive:  # and the twins too
                     await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
+                    await asyncio.sleep(1)  # the last token Secrets' deletions
+                    gone = await requests_sent(port) if vk.poll() is None else {}
             if not alive:
                 raise TimedOut(f"the virtual kubelet exited ({vk.returncode}) during the {side} run")
             if side == "offloaded":
                 lines = [*per_pod(before, after, n, sides), reconciles_per_pod(before, after, n)]
+                if gone:  # the other half of a pod's life: its deletion on both sides
+                    stage = "Running to gone"
+                    lines += per_pod(after, gone, n, sides, stage)
+                    lines.append(reconciles_per_pod(after, gone, n, stage))
                 # the pods' whole life on the node, create to gone, less the idle window
                 offload_cpu = proc_stats(vk.pid)[0] - cpu_before - steady * idle
                 lines.insert(0, f"  vk: {offload_cpu / n * 1000:.1f} ms CPU per pod offloaded (create to "

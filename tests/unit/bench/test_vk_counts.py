@@ -60,3 +60,14 @@ def test_reconciles_per_pod_by_queue_most_first() -> None:
         "  vk: 11.00 reconciles per pod (sync_status_from_remote 8.00, sync_pods_to_remote 3.00)"
     )
     assert reconciles_per_pod(after, after, 100) == "  vk: 0.00 reconciles per pod (none)"
+
+
+def test_the_deletion_half_says_so_in_each_line() -> None:
+    before = parse_vk_metrics(TEXT.replace("} 320.0", "} 20.0").replace("210.0", "10.0"))
+    after = parse_vk_metrics(TEXT)
+    sides = {"127.0.0.1:1": "consumer", "127.0.0.1:2": "provider"}
+    lines = per_pod(before, after, 100, sides, "Running to gone")
+    assert lines[1] == "  provider: 2.00 requests per pod, Running to gone (create pods 2.00)"
+    assert reconciles_per_pod(before, after, 100, "Running to gone") == (
+        "  vk: 3.00 reconciles per pod, Running to gone (sync_pods_to_remote 3.00)"
+    )
