@@ -36,6 +36,7 @@ from kube.reconciling import Reconciler
 from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET
 from .forge.node import network_condition
 from .forge.pods import ForgeOptions, matters_to_twin_sync
+from .forge.tokens import matters_to_token
 from .kubelet import KubeletContext, serve_kubelet_api
 from .kubelet.certificates import ServingCertificate
 from .node.controller import NodeController
@@ -109,8 +110,10 @@ def assemble_virtual_kubelet(
 
     def local_pod_changed(change: Change) -> None:
         pods.local_changed(change)
+        token_matters = matters_to_token(change.type, change.old, change.new)
         for copier in copiers:
-            copier.pod_changed(change.key)
+            if token_matters or not isinstance(copier, TokenReflector):
+                copier.pod_changed(change.key)
         events.pod_changed(change.key)
         if occupied.update(change.key, local.get(change.key) is not None):
             # the node's last pod in this namespace went: its watches go too (issue 15)
@@ -174,18 +177,27 @@ class PodSync:
         self.status_from_remote.add(key)
 
     def local_changed(self, change: Change) -> None:
-        """The consumer pod changed: its status is looked at again; its twin only when the
-        change can matter to it (not the status written back, say)."""
-        self.status_from_remote.add(change.key)
+        """The consumer pod changed: its status is looked at again, unless the change is the
+        status we wrote coming back; its twin only when the change can matter to it (not the
+        status written back, say)."""
+        key = change.key
+        version = self.reflector.local.resource_version(key)
+        if change.new is None or not self.status.echoes.is_echo(key, version):
+            self.status_from_remote.add(key)
         if matters_to_twin_sync(change.type, change.old, change.new):
-            self.to_remote.add(change.key)
+            self.to_remote.add(key)
 
     def remote_changed(self, change: Change) -> None:
         """The twin changed: the consumer pod's status is looked at again; the twin itself only
-        when the change can matter to it (not its binding or its status)."""
-        self.status_from_remote.add(change.key)
+        when the change can matter to it (not its binding or its status), and not when it is
+        the twin we just created coming back."""
+        key = change.key
+        self.status_from_remote.add(key)
+        version = self.reflector.remote.resource_version(key)
+        if change.new is not None and self.reflector.echoes.is_echo(key, version):
+            return
         if matters_to_twin_sync(change.type, change.old, change.new, unread_spec=_BOUND_BY_THE_PROVIDER):
-            self.to_remote.add(change.key)
+            self.to_remote.add(key)
 
 
 def add_pod_sync(

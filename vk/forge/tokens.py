@@ -23,6 +23,7 @@ from vk.forge import labels as lbl
 __all__ = [
     "TOKEN_KEY",
     "has_token_volume",
+    "matters_to_token",
     "rewrite_token_volumes",
     "token_request",
     "token_secret",
@@ -51,6 +52,29 @@ def _token_sources(volume: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def has_token_volume(pod: Mapping[str, Any]) -> bool:
     return any(_token_sources(v) for v in (pod.get("spec") or {}).get("volumes") or ())
+
+
+_FINISHED = frozenset({"Succeeded", "Failed"})
+
+
+def matters_to_token(change_type: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a change of a consumer pod can change what its token needs: written while the pod
+    runs, removed once it is terminating or finished, renewed on its own schedule. So: an
+    addition, a deletion, another pod of that name, the start of its termination, a change of
+    its spec (volumes, service account), or its phase becoming or ceasing to be final. A status
+    written back (Pending to Running, new conditions) cannot; it woke a pass for every pod that
+    only found the token fresh (issue 15). Pure."""
+    if change_type != "MODIFIED" or old is None or new is None:
+        return True
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    if old_meta.get("uid") != new_meta.get("uid"):
+        return True
+    if old_meta.get("deletionTimestamp") != new_meta.get("deletionTimestamp"):
+        return True
+    if old.get("spec") != new.get("spec"):
+        return True
+    old_phase, new_phase = (old.get("status") or {}).get("phase"), (new.get("status") or {}).get("phase")
+    return (old_phase in _FINISHED) != (new_phase in _FINISHED)
 
 
 def token_volume_audiences(pod: Mapping[str, Any]) -> tuple[list[str], int]:

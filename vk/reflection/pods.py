@@ -42,6 +42,7 @@ from ..forge.fit import FitResult, placement_request
 from ..forge.labels import origin_of
 from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
 from ..remote import RemoteSide
+from .echoes import Echoes
 from .podstatus import observe_since
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ class PodReflector:
         self._in_sync: dict[ObjectKey, tuple[object, ...]] = {}
         """Pods whose twin needed no patch, with both resource versions then: a resync (every
         pod, every few minutes) finds them so without forging the twin again (issue 15)."""
+        self.echoes = Echoes()
+        """Twins as our creates returned them, by consumer pod key: the watch event of a twin
+        just created needs no pass (:mod:`vk.reflection.echoes`)."""
 
     def settled(self, key: ObjectKey) -> bool:
         """Whether the last pass over ``key`` found nothing to do and neither pod changed
@@ -127,6 +131,8 @@ class PodReflector:
             await self._report_demand(key.namespace or "")
         if local is None or remote is None:
             self._in_sync.pop(key, None)
+        if local is None or local["metadata"].get("deletionTimestamp"):
+            self.echoes.forget(key)
         if local is None:
             self._events_sent.pop(key, None)
             if remote is not None:
@@ -225,7 +231,7 @@ class PodReflector:
         for accessory in self.accessories:  # what the twin mounts exists before the twin
             await accessory.ensure_for(local)
         try:
-            await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
+            answer = await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:
             return Requeue(1.0)  # our cache is behind: look again once the watch caught up
         except Invalid as exc:  # the provider's API server refuses the twin as it is: it never will run
@@ -252,6 +258,10 @@ class PodReflector:
             await self._report_demand(origin_ns)
             return Requeue(QUOTA_RETRY_SECONDS)
         TWINS_CREATED.inc()
+        # forged from this very pod: the pair as created needs no patch (nor its echo a pass)
+        written = self.echoes.wrote(key, answer)
+        if written is not None and (version := local["metadata"].get("resourceVersion")) is not None:
+            self._in_sync[key] = (version, written)
         observe_since(local, "twin_created")
         if self._quota_waiting.pop(key, None) is not None:
             await self._report_demand(origin_ns)

@@ -37,6 +37,7 @@ from ..forge.addresses import identity
 from ..forge.devices import claim_device_status, claim_names
 from ..forge.labels import origin_of
 from ..forge.podstatus import local_status, status_patch
+from .echoes import Echoes
 
 __all__ = ["OFFLOAD_LATENCY", "PODS_BY_PHASE", "PodStatusReflector", "observe_since", "refresh_phase_gauge"]
 
@@ -85,6 +86,9 @@ class PodStatusReflector:
         self._in_sync: dict[ObjectKey, tuple[object, ...]] = {}
         """Pods whose status needed no patch, with what it was computed from (both resource
         versions and the address view): a resync finds them so without computing it again."""
+        self.echoes = Echoes()
+        """The consumer pods' versions our status patches returned: their watch events need no
+        pass (:mod:`vk.reflection.echoes`)."""
 
     def settled(self, key: ObjectKey) -> bool:
         """Whether the last pass over ``key`` found nothing to write and neither pod nor the
@@ -101,6 +105,7 @@ class PodStatusReflector:
         if local is None or remote is None or local["metadata"].get("deletionTimestamp"):
             self._in_sync.pop(key, None)
             self._claims_back.discard(key)
+            self.echoes.forget(key)
             return None
         origin = origin_of(remote)
         if origin is None or origin.uid != local["metadata"]["uid"]:
@@ -122,9 +127,14 @@ class PodStatusReflector:
         if patch is None:
             self._in_sync[key] = seen
             return None
-        self._in_sync.pop(key, None)
         meta = local["metadata"]
-        await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
+        answer = await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
+        # the pod as written is in sync with this twin: its echo needs no pass, nor a resync
+        written = self.echoes.wrote(key, answer)
+        if written is not None:
+            self._in_sync[key] = (written, versions[1], self.remap_ip)
+        else:
+            self._in_sync.pop(key, None)
         old_phase = (local.get("status") or {}).get("phase")
         if new_status.get("phase") == "Running" and old_phase != "Running":
             observe_since(local, "running")

@@ -73,6 +73,8 @@ class TokenReflector:
         self._writing: dict[ObjectKey, asyncio.Future[Requeue]] = {}
         self._cas: dict[str, tuple[float, str]] = {}  # namespace -> (read at, CA)
         self._ca_reads: dict[str, asyncio.Future[str]] = {}
+        self._removed: set[ObjectKey] = set()
+        """Terminating pods whose Secret was deleted: their deletion deletes it no second time."""
 
     def pod_changed(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -151,12 +153,19 @@ class TokenReflector:
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         log = object_logger(logger, "Pod", key)
         pod = self.pods.get(key)
-        if pod is None or pod["metadata"].get("deletionTimestamp") or not has_token_volume(pod):
+        if pod is None:
+            if key in self._removed:  # deleted when it began terminating (or finished)
+                self._removed.discard(key)
+                return None
             await self._remove(key, log)
+            return None
+        if pod["metadata"].get("deletionTimestamp") or not has_token_volume(pod):
+            await self._remove(key, log, final=False)
             return None
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            await self._remove(key, log)
+            await self._remove(key, log, final=False)
             return None
+        self._removed.discard(key)
         twin_ns = self.twin_namespace_for(key.namespace or "")
         if twin_ns is None:
             return None
@@ -200,17 +209,23 @@ class TokenReflector:
         )
         return Requeue(max(1.0, self._renew_at[key] - time.time()))
 
-    async def _remove(self, key: ObjectKey, log: object) -> None:
+    async def _remove(self, key: ObjectKey, log: object, *, final: bool = True) -> None:
+        """Delete the pod's token Secret. Not ``final``: the pod is still there (terminating,
+        finished, without a token volume), and is remembered so that its going deletes nothing
+        again; a pod gone that this process never saw is looked for all the same (a restart)."""
         self._renew_at.pop(key, None)
         written = self._written.pop(key, None)
         twin_ns = written[0] if written else self.twin_namespace_for(key.namespace or "")
-        if twin_ns is None:
+        if twin_ns is None or (key in self._removed and written is None):
             return
         try:
             await self.provider.delete(SECRETS, token_secret_name(key.name), twin_ns)
         except (NotFound, Conflict):
-            return
-        object_logger(logger, "Pod", key).debug("token Secret in %s deleted", twin_ns)
+            pass
+        else:
+            object_logger(logger, "Pod", key).debug("token Secret in %s deleted", twin_ns)
+        if not final:
+            self._removed.add(key)
 
     async def ensure_for(self, pod: RawObject) -> None:
         """Write the token Secret ``pod`` needs now (before its twin is created)."""

@@ -6,12 +6,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from kube.informers import Change
-from kube.objects import ObjectKey
-from kube.queueing import KeyedQueue
-from vk.assembly import PodSync
+from kube.watching import WatchEvent
 from vk.forge.pods import ForgeOptions, matters_to_twin_sync, remote_pod, twin_projection
 
+from .assembled import KEY, VirtualKubelet
 from .builders import CONSUMER_ID, PROVIDER_ID, consumer_pod
 
 OPTS = ForgeOptions(consumer_cluster_id=CONSUMER_ID, provider_cluster_id=PROVIDER_ID)
@@ -70,23 +68,25 @@ def test_metadata_additions_deletions_and_deleting_wake_it() -> None:
     assert matters_to_twin_sync("DELETED", None, None)  # a twin gone with its namespace
 
 
-def test_pod_sync_queues_status_always_and_the_twin_sync_when_it_matters() -> None:
-    to_remote: KeyedQueue[ObjectKey] = KeyedQueue("to")
-    back: KeyedQueue[ObjectKey] = KeyedQueue("back")
-    pods = PodSync(to_remote, back, reflector=None, status=None)  # type: ignore[arg-type]
-    key = ObjectKey("ml-team", "finetune-llama-x9q2z")
-    created = _twin()
+async def test_pod_sync_queues_status_always_and_the_twin_sync_when_it_matters() -> None:
+    vk = VirtualKubelet()  # assembled for real, its informers fed by hand
+    local = consumer_pod()
+    local["metadata"]["resourceVersion"] = "48213"
+    vk.local._apply(WatchEvent("ADDED", local))
+    created = _twin()  # made by someone else than this process: no echo of ours
+    vk.twins._apply(WatchEvent("ADDED", created))
+    assert KEY in vk.to_remote.pending
+    vk.drain()
+
     bound = _bumped(created)
     bound["spec"]["nodeName"] = "gpu-h100-3"
+    vk.twins._apply(WatchEvent("MODIFIED", bound))
+    assert vk.back.pending == {KEY} and vk.to_remote.pending == frozenset()
 
-    pods.remote_changed(Change("MODIFIED", key, created, bound))
-    assert back.pending == {key} and to_remote.pending == frozenset()
-
-    old = consumer_pod()
-    new = _bumped(old)
+    new = _bumped(local)
     new["status"] = {"phase": "Running"}
-    pods.local_changed(Change("MODIFIED", key, old, new))
-    assert to_remote.pending == frozenset()
+    vk.local._apply(WatchEvent("MODIFIED", new))
+    assert vk.to_remote.pending == frozenset()
 
-    pods.remote_changed(Change("DELETED", key, bound, None))
-    assert to_remote.pending == {key}
+    vk.twins._apply(WatchEvent("DELETED", bound))
+    assert vk.to_remote.pending == {KEY}

@@ -1,0 +1,129 @@
+"""Our own writes coming back wake nobody; anyone else's do (issue 15: a status pass and a twin
+pass per pod only found what the pass before them had just written).
+
+The virtual kubelet is assembled for real; its informers are fed by hand as their watches would
+be, and the API servers' answers come from stand-ins that record what was asked."""
+
+from __future__ import annotations
+
+import copy
+
+from kube.watching import WatchEvent
+from vk.forge.tokens import matters_to_token
+from vk.reflection.echoes import Echoes
+
+from .assembled import KEY, NONE, VirtualKubelet
+from .builders import consumer_pod
+
+
+async def test_the_twin_created_and_the_status_written_come_back_without_a_pass() -> None:
+    vk = VirtualKubelet()
+    pod = consumer_pod()
+    vk.consumer.objects[pod["metadata"]["name"]] = pod
+    vk.local._apply(WatchEvent("ADDED", pod))
+    assert vk.pending() == ({KEY},) * 3
+    vk.drain()
+
+    assert await vk.pods.reconcile(KEY) is None
+    assert [w[1] for w in vk.provider.writes] == ["namespaces", "secrets", "pods"]
+    # the twin's watch event brings the create's answer back: status back looks, the twin sync not
+    created = vk.provider.answers[-1]
+    vk.twins._apply(WatchEvent("ADDED", created))
+    assert vk.pending() == (NONE, {KEY}, NONE)
+    assert vk.pods.settled(KEY), "a resync finds the pair in sync without a pass"
+    vk.drain()
+
+    # the provider's scheduler binds it and its node runs it: status back writes that
+    running = copy.deepcopy(created)
+    running["metadata"]["resourceVersion"] = str(vk.provider.version + 1)
+    running["spec"]["nodeName"] = "gpu-h100-3"
+    running["status"] = {"phase": "Running", "podIP": "10.244.3.7", "startTime": "2024-06-01T10:00:03Z"}
+    vk.twins._apply(WatchEvent("MODIFIED", running))
+    assert vk.pending() == (NONE, {KEY}, NONE)
+    vk.drain()
+    assert await vk.status.reconcile(KEY) is None
+    assert vk.consumer.writes == [("create", "serviceaccounts", "token"), ("patch", "pods", "status")]
+
+    # its echo wakes no queue at all: not status back, not the twin sync, not the token
+    written = vk.consumer.answers[-1]
+    assert written["status"]["phase"] == "Running"
+    vk.local._apply(WatchEvent("MODIFIED", written))
+    assert vk.pending() == (NONE, NONE, NONE)
+    assert vk.status.settled(KEY)
+
+    # someone else writing the pod's status is no echo: status back looks again
+    theirs = copy.deepcopy(written)
+    theirs["metadata"]["resourceVersion"] = str(vk.consumer.version + 1)
+    theirs["status"]["phase"] = "Pending"
+    vk.local._apply(WatchEvent("MODIFIED", theirs))
+    assert vk.pending() == (NONE, {KEY}, NONE)
+    assert not vk.status.settled(KEY)
+
+    # and a twin changed by anyone else wakes the twin sync as before
+    relabelled = copy.deepcopy(running)
+    relabelled["metadata"]["resourceVersion"] = str(vk.provider.version + 2)
+    relabelled["metadata"]["labels"]["app"] = "tampered"
+    vk.twins._apply(WatchEvent("MODIFIED", relabelled))
+    assert KEY in vk.to_remote.pending
+
+
+def test_echoes_are_exactly_our_last_write_and_go_with_it() -> None:
+    echoes = Echoes()
+    assert not echoes.is_echo(KEY, "5")
+    assert echoes.wrote(KEY, {"metadata": {"resourceVersion": "5"}}) == "5"
+    assert not echoes.is_echo(KEY, "4"), "an earlier version, still on its way, is not it"
+    assert not echoes.is_echo(KEY, None)
+    assert echoes.is_echo(KEY, "5")
+    assert not echoes.is_echo(KEY, "5"), "once only"
+    echoes.wrote(KEY, {"metadata": {"resourceVersion": "9"}})
+    echoes.forget(KEY)
+    assert not echoes.is_echo(KEY, "9") and len(echoes) == 0
+    assert echoes.wrote(KEY, {}) is None and len(echoes) == 0
+
+
+def test_a_token_cares_for_its_pod_starting_ending_and_changing_not_for_its_status() -> None:
+    pod = consumer_pod()
+    running = copy.deepcopy(pod)
+    running["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert not matters_to_token("MODIFIED", pod, running)
+    for change in (
+        lambda p: p["status"].update(phase="Succeeded"),
+        lambda p: p["status"].update(phase="Failed"),
+        lambda p: p["metadata"].update(deletionTimestamp="2024-06-01T11:00:00Z"),
+        lambda p: p["metadata"].update(uid="another"),
+        lambda p: p["spec"].update(serviceAccountName="evaluator"),
+    ):
+        new = copy.deepcopy(running)
+        change(new)
+        assert matters_to_token("MODIFIED", running, new), new
+    finished = copy.deepcopy(running)
+    finished["status"]["phase"] = "Succeeded"
+    again = copy.deepcopy(finished)
+    again["status"]["conditions"] = []
+    assert not matters_to_token("MODIFIED", finished, again)
+    assert matters_to_token("ADDED", None, pod) and matters_to_token("DELETED", pod, None)
+
+
+async def test_a_terminating_pods_token_secret_is_deleted_once() -> None:
+    vk = VirtualKubelet()
+    pod = consumer_pod()
+    vk.local._apply(WatchEvent("ADDED", pod))
+    await vk.token.reconcile(KEY)
+    assert ("create", "secrets", None) in vk.provider.writes
+    terminating = copy.deepcopy(pod)
+    terminating["metadata"].update(deletionTimestamp="2024-06-01T11:00:00Z", resourceVersion="48300")
+    vk.local._apply(WatchEvent("MODIFIED", terminating))
+    assert KEY in vk.tokens.pending
+    await vk.token.reconcile(KEY)
+    await vk.token.reconcile(KEY)  # another change while it terminates
+    vk.local._apply(WatchEvent("DELETED", terminating))
+    assert KEY in vk.tokens.pending
+    await vk.token.reconcile(KEY)
+    assert [w for w in vk.provider.writes if w[0] == "delete"] == [("delete", "secrets", None)]
+
+    # a restart forgot all that: a pod gone is looked for all the same
+    fresh = VirtualKubelet()
+    fresh.local._apply(WatchEvent("ADDED", pod))
+    fresh.local._apply(WatchEvent("DELETED", pod))
+    await fresh.token.reconcile(KEY)
+    assert fresh.provider.writes == [("delete", "secrets", None)]

@@ -1,0 +1,52 @@
+"""Our own writes, as the watch brings them back: an echo wakes no reconciler.
+
+When a reconciler writes an object (a consumer pod's status, a new twin), the API server answers
+with the object as written, and a moment later the watch delivers the same version again. The
+pass that wrote it already did what that state needs: waking the same reconciler for its echo
+only decodes both pods to find nothing to do (issue 15: a status pass and a twin pass per pod,
+of 8.8 passes on its way to Running). :class:`Echoes` keeps, per key, the resource version that
+our last write of it returned, and :meth:`Echoes.is_echo` says whether a change brings exactly
+that version back.
+
+A change that brings any other version is not an echo: someone else wrote, or our write was
+overtaken, and the reconciler looks at it as before. Entries go with their echo, or when the
+key's object goes (:meth:`Echoes.forget`): at most one per pod on the node.
+"""
+
+from __future__ import annotations
+
+from kube.objects import ObjectKey, RawObject
+
+__all__ = ["Echoes"]
+
+
+class Echoes:
+    """The resource version of our last write of each key, until its watch event comes."""
+
+    __slots__ = ("_written",)
+
+    def __init__(self) -> None:
+        self._written: dict[ObjectKey, str] = {}
+
+    def wrote(self, key: ObjectKey, answer: RawObject) -> str | None:
+        """Record the API server's ``answer`` to a write of ``key``; its resource version."""
+        version = (answer.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self._written[key] = str(version)
+            return str(version)
+        self._written.pop(key, None)
+        return None
+
+    def is_echo(self, key: ObjectKey, version: str | None) -> bool:
+        """Whether a change of ``key`` to ``version`` is our last write coming back (then it is
+        forgotten: a later change with the same version cannot come)."""
+        if version is None or self._written.get(key) != version:
+            return False
+        del self._written[key]
+        return True
+
+    def forget(self, key: ObjectKey) -> None:
+        self._written.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._written)
