@@ -87,6 +87,10 @@ class KeyedQueue(Generic[K]):
         """Keys a worker is processing right now."""
         return frozenset(self._processing)
 
+    def is_processing(self, key: K) -> bool:
+        """Whether a worker is processing ``key`` right now (O(1))."""
+        return key in self._processing
+
     @property
     def closed(self) -> bool:
         return self._closed.is_set()

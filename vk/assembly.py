@@ -178,21 +178,34 @@ class PodSync:
 
     def local_changed(self, change: Change) -> None:
         """The consumer pod changed: its status is looked at again, unless the change is the
-        status we wrote coming back; its twin only when the change can matter to it (not the
-        status written back, say)."""
+        status we wrote coming back or the pod is gone or terminating; its twin only when the
+        change can matter to it (not the status written back, say)."""
         key = change.key
-        version = self.reflector.local.resource_version(key)
-        if change.new is None or not self.status.echoes.is_echo(key, version):
+        if change.new is None or change.new["metadata"].get("deletionTimestamp"):
+            self._status_has_nothing_to_write(key)
+        elif not self.status.echoes.is_echo(key, self.reflector.local.resource_version(key)):
             self.status_from_remote.add(key)
         if matters_to_twin_sync(change.type, change.old, change.new):
             self.to_remote.add(key)
 
+    def _status_has_nothing_to_write(self, key: ObjectKey) -> None:
+        """The pod is gone or terminating, or its twin is gone: status back's pass would only
+        forget the pair, so it is forgotten here, without one (issue 15: 3.3 passes per pod on
+        its way out). A pass already running for it is let see the change itself."""
+        if self.status_from_remote.is_processing(key):
+            self.status_from_remote.add(key)
+        else:
+            self.status.forget(key)
+
     def remote_changed(self, change: Change) -> None:
-        """The twin changed: the consumer pod's status is looked at again; the twin itself only
-        when the change can matter to it (not its binding or its status), and not when it is
-        the twin we just created coming back."""
+        """The twin changed: the consumer pod's status is looked at again (unless the twin is
+        gone); the twin itself only when the change can matter to it (not its binding or its
+        status), and not when it is the twin we just created coming back."""
         key = change.key
-        self.status_from_remote.add(key)
+        if change.new is None:
+            self._status_has_nothing_to_write(key)
+        else:
+            self.status_from_remote.add(key)
         version = self.reflector.remote.resource_version(key)
         if change.new is not None and self.reflector.echoes.is_echo(key, version):
             return

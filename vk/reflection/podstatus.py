@@ -1,11 +1,13 @@
 """Status back: each twin's status, in the consumer's view, onto its consumer pod.
 
 The queue ``sync_status_from_remote`` holds consumer pod keys, added when either pod of a pair
-changes, when the network fabric's view of the provider's addresses changes, and at each
-resync. ``reconcile(key)`` reads both pods from the informers and, when the twin is the current
-pod's own (its origin UID is the pod's), patches the consumer pod's status with
-:func:`vk.forge.podstatus.local_status` of the twin (pod IPs remapped, the host IP the virtual
-node's), if anything differs. It writes nothing else.
+changes (not for a pod gone or terminating, or a twin gone: there is nothing to write then, and
+:meth:`PodStatusReflector.forget` drops the pair without a pass; nor for the status it wrote
+coming back, :mod:`vk.reflection.echoes`), when the network fabric's view of the provider's
+addresses changes, and at each resync. ``reconcile(key)`` reads both pods from the informers
+and, when the twin is the current pod's own (its origin UID is the pod's), patches the consumer
+pod's status with :func:`vk.forge.podstatus.local_status` of the twin (pod IPs remapped, the host
+IP the virtual node's), if anything differs. It writes nothing else.
 
 Everything else about a pair (creating, updating and deleting twins; holding a pod that cannot
 go yet; reporting a twin deleted behind our back) is :mod:`vk.reflection.pods`'s, in the queue
@@ -100,12 +102,17 @@ class PodStatusReflector:
             self.remap_ip,
         )
 
+    def forget(self, key: ObjectKey) -> None:
+        """Drop what is kept about ``key``'s pair: with the pod gone or terminating, or its twin
+        gone, status back has nothing to write (a pass would find just that)."""
+        self._in_sync.pop(key, None)
+        self._claims_back.discard(key)
+        self.echoes.forget(key)
+
     async def reconcile(self, key: ObjectKey) -> Requeue | None:
         local, remote = self.local.get(key), self.twins.get(key)
         if local is None or remote is None or local["metadata"].get("deletionTimestamp"):
-            self._in_sync.pop(key, None)
-            self._claims_back.discard(key)
-            self.echoes.forget(key)
+            self.forget(key)
             return None
         origin = origin_of(remote)
         if origin is None or origin.uid != local["metadata"]["uid"]:

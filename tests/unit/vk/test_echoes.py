@@ -127,3 +127,30 @@ async def test_a_terminating_pods_token_secret_is_deleted_once() -> None:
     fresh.local._apply(WatchEvent("DELETED", pod))
     await fresh.token.reconcile(KEY)
     assert fresh.provider.writes == [("delete", "secrets", None)]
+
+
+async def test_a_pod_on_its_way_out_wakes_no_status_pass_unless_one_is_running() -> None:
+    vk = VirtualKubelet()
+    pod = consumer_pod()
+    vk.local._apply(WatchEvent("ADDED", pod))
+    await vk.pods.reconcile(KEY)
+    created = vk.provider.answers[-1]
+    vk.twins._apply(WatchEvent("ADDED", created))
+    vk.drain()
+    vk.status._in_sync[KEY] = ("kept",)  # what a pass had found
+
+    terminating = copy.deepcopy(pod)
+    terminating["metadata"].update(deletionTimestamp="2024-06-01T11:00:00Z", resourceVersion="48300")
+    vk.local._apply(WatchEvent("MODIFIED", terminating))
+    assert KEY not in vk.back.pending and KEY in vk.to_remote.pending
+    assert KEY not in vk.status._in_sync, "forgotten without a pass"
+
+    # a status pass that is running now sees the change itself: it is asked to look again
+    vk.back._processing.add(KEY)
+    vk.twins._apply(WatchEvent("DELETED", created))
+    assert vk.back.pending == {KEY}
+    vk.back._processing.discard(KEY)
+    vk.drain()
+
+    vk.local._apply(WatchEvent("DELETED", terminating))
+    assert vk.back.pending == NONE and KEY in vk.to_remote.pending
