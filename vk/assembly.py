@@ -187,6 +187,8 @@ class PodSync:
             self.status_from_remote.add(key)
         if matters_to_twin_sync(change.type, change.old, change.new):
             self.to_remote.add(key)
+        else:
+            self.reflector.still_in_sync(key, change, 0)
 
     def _status_has_nothing_to_write(self, key: ObjectKey) -> None:
         """The pod is gone or terminating, or its twin is gone: status back's pass would only
@@ -211,6 +213,8 @@ class PodSync:
             return
         if matters_to_twin_sync(change.type, change.old, change.new, unread_spec=_BOUND_BY_THE_PROVIDER):
             self.to_remote.add(key)
+        else:
+            self.reflector.still_in_sync(key, change, 1)
 
 
 def add_pod_sync(
@@ -375,9 +379,12 @@ def add_resync(manager: Manager, settings: VirtualKubeletSettings, *, pods: PodS
             await asyncio.sleep(settings.resync_seconds)
             for key in {*pods.reflector.local.keys(), *pods.reflector.remote.keys()}:
                 # a pair whose versions did not move since a pass found nothing to do would
-                # find nothing again: skipped without decoding it (issue 15, ten thousand pods)
-                if not (pods.reflector.settled(key) and pods.status.settled(key)):
-                    pods.add(key)
+                # find nothing again: skipped without decoding it (issue 15, ten thousand
+                # pods), by each queue on its own
+                if not pods.reflector.settled(key):
+                    pods.to_remote.add(key)
+                if not pods.status.settled(key):
+                    pods.status_from_remote.add(key)
             for copier in copiers:
                 copier.resync()
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound
-from kube.informers import Informer
+from kube.informers import Change, Informer
 from kube.logs import object_logger
 from kube.metrics import counter
 from kube.objects import EVENTS, PODS, ObjectKey, RawObject
@@ -117,6 +117,21 @@ class PodReflector:
             self.local.resource_version(key),
             self.remote.resource_version(key),
         )
+
+    def still_in_sync(self, key: ObjectKey, change: Change, side: int) -> None:
+        """``change`` of one pod of the pair (``side`` 0: the consumer pod, 1: the twin) cannot
+        matter to this reconciler (:func:`~vk.forge.pods.matters_to_twin_sync` said so): a pair
+        found in sync stays so at the new version, and a resync does not pass over it again
+        (issue 15: every twin bound and Running since its creation made every resync a pass over
+        every pod)."""
+        seen = self._in_sync.get(key)
+        if seen is None or change.old is None or change.new is None:
+            return
+        before = change.old["metadata"].get("resourceVersion")
+        if before is None or seen[side] != before:
+            return
+        after = change.new["metadata"].get("resourceVersion")
+        self._in_sync[key] = (after, seen[1]) if side == 0 else (seen[0], after)
 
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""

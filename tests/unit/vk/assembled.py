@@ -74,9 +74,10 @@ class ApiServer:
 class VirtualKubelet:
     """The assembled controllers, their informers, and the two stand-in API servers."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: VirtualKubeletSettings = SETTINGS) -> None:
         never = KubeClient(Connection(server="https://127.0.0.1:1"))  # never called
-        manager, _ = assemble_virtual_kubelet(SETTINGS, never, never)
+        manager, _ = assemble_virtual_kubelet(settings, never, never)
+        self.manager = manager
         by_name = {c.name: c for c in manager.controllers}
         self.to_remote: KeyedQueue[ObjectKey] = by_name["sync_pods_to_remote"].queue
         self.back: KeyedQueue[ObjectKey] = by_name["sync_status_from_remote"].queue

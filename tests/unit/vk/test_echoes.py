@@ -6,13 +6,16 @@ be, and the API servers' answers come from stand-ins that record what was asked.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
+import dataclasses
 
 from kube.watching import WatchEvent
 from vk.forge.tokens import matters_to_token
 from vk.reflection.echoes import Echoes
 
-from .assembled import KEY, NONE, VirtualKubelet
+from .assembled import KEY, NONE, SETTINGS, VirtualKubelet
 from .builders import consumer_pod
 
 
@@ -40,6 +43,7 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     running["status"] = {"phase": "Running", "podIP": "10.244.3.7", "startTime": "2024-06-01T10:00:03Z"}
     vk.twins._apply(WatchEvent("MODIFIED", running))
     assert vk.pending() == (NONE, {KEY}, NONE)
+    assert vk.pods.settled(KEY), "its binding and status leave the pair in sync for the twin sync"
     vk.drain()
     assert await vk.status.reconcile(KEY) is None
     assert vk.consumer.writes == [("create", "serviceaccounts", "token"), ("patch", "pods", "status")]
@@ -49,7 +53,7 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     assert written["status"]["phase"] == "Running"
     vk.local._apply(WatchEvent("MODIFIED", written))
     assert vk.pending() == (NONE, NONE, NONE)
-    assert vk.status.settled(KEY)
+    assert vk.status.settled(KEY) and vk.pods.settled(KEY), "a resync passes over neither"
 
     # someone else writing the pod's status is no echo: status back looks again
     theirs = copy.deepcopy(written)
@@ -65,6 +69,7 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     relabelled["metadata"]["labels"]["app"] = "tampered"
     vk.twins._apply(WatchEvent("MODIFIED", relabelled))
     assert KEY in vk.to_remote.pending
+    assert not vk.pods.settled(KEY)
 
 
 def test_echoes_are_exactly_our_last_write_and_go_with_it() -> None:
@@ -154,3 +159,22 @@ async def test_a_pod_on_its_way_out_wakes_no_status_pass_unless_one_is_running()
 
     vk.local._apply(WatchEvent("DELETED", terminating))
     assert vk.back.pending == NONE and KEY in vk.to_remote.pending
+
+
+async def test_a_resync_queues_a_pair_only_where_it_is_not_in_sync() -> None:
+    vk = VirtualKubelet(dataclasses.replace(SETTINGS, resync_seconds=0.01))
+    pod = consumer_pod()
+    vk.consumer.objects[pod["metadata"]["name"]] = pod
+    vk.local._apply(WatchEvent("ADDED", pod))
+    await vk.pods.reconcile(KEY)
+    vk.twins._apply(WatchEvent("ADDED", vk.provider.answers[-1]))
+    vk.drain()
+    assert vk.pods.settled(KEY) and not vk.status.settled(KEY)  # no status pass yet
+
+    resync = next(t for t in vk.manager._tasks if t.name == "resync")
+    task = asyncio.create_task(resync.factory())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert vk.pending() == (NONE, {KEY}, NONE)
