@@ -382,6 +382,7 @@ async def throughput(
                     client, keys, suffix, node if side == "offloaded" else None, vk,
                     servers={"consumer": c, "provider": p},
                 )
+                at_running, cpu_running = await requests_sent(port), proc_stats(vk.pid)[0]
                 if side == "offloaded" and idle > 0:
                     # nothing changes now: what the virtual kubelet spends holding N pods
                     # (its resync period is the window: one full resync falls inside it)
@@ -393,7 +394,6 @@ async def throughput(
             finally:
                 alive = vk.poll() is None
                 after = await requests_sent(port) if alive else {}
-                cpu_running = proc_stats(vk.pid)[0] if alive else 0.0
                 await client.delete(NAMESPACES, ns)
                 # the pods hold their GPUs until they are gone: the next run needs them
                 await wait_gone(client, ns)
@@ -404,16 +404,20 @@ async def throughput(
             if not alive:
                 raise TimedOut(f"the virtual kubelet exited ({vk.returncode}) during the {side} run")
             if side == "offloaded":
-                lines = [*per_pod(before, after, n, sides), reconciles_per_pod(before, after, n)]
+                lines = per_pod(before, at_running, n, sides)
+                lines.append(reconciles_per_pod(before, at_running, n))
+                if idle > 0:  # the resync's share: what it passes over finding nothing to do
+                    window = f"in the {idle:.0f} s idle window"
+                    lines.append(reconciles_per_pod(at_running, after, n, window))
                 if gone:  # the other half of a pod's life: its deletion on both sides
                     stage = "Running to gone"
                     lines += per_pod(after, gone, n, sides, stage)
                     lines.append(reconciles_per_pod(after, gone, n, stage))
                 # the pods' whole life on the node, create to gone, less the idle window
                 offload_cpu = proc_stats(vk.pid)[0] - cpu_before - steady * idle
+                to_running = (cpu_running - cpu_before) / n * 1000
                 lines.insert(0, f"  vk: {offload_cpu / n * 1000:.1f} ms CPU per pod offloaded (create to "
-                                f"gone; {(cpu_running - cpu_before - steady * idle) / n * 1000:.1f} ms "
-                                f"to Running)")  # fmt: skip
+                                f"gone; {to_running:.1f} ms to Running)")  # fmt: skip
                 if idle > 0:
                     lines.insert(1, f"  vk steady state with {n} pods Running: {steady * 100:.2f} % of a "
                                     f"core over {idle:.0f} s (one resync in it), RSS "
