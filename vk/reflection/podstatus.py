@@ -94,13 +94,14 @@ class PodStatusReflector:
 
     def settled(self, key: ObjectKey) -> bool:
         """Whether the last pass over ``key`` found nothing to write and neither pod nor the
-        address view changed since (without decoding either pod)."""
+        address view changed since (without decoding either pod), or one of the pair is missing:
+        there is no status to write then, and the other's arrival wakes a pass (issue 15: a burst
+        of ten thousand pods waiting for their twins made every resync a status pass over each)."""
+        twin_version = self.twins.resource_version(key)
+        if twin_version is None or self.local.resource_version(key) is None:
+            return True
         seen = self._in_sync.get(key)
-        return seen is not None and seen == (
-            self.local.resource_version(key),
-            self.twins.resource_version(key),
-            self.remap_ip,
-        )
+        return seen is not None and seen == (self.local.resource_version(key), twin_version, self.remap_ip)
 
     def forget(self, key: ObjectKey) -> None:
         """Drop what is kept about ``key``'s pair: with the pod gone or terminating, or its twin

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 
+from kube.objects import ObjectKey
 from kube.watching import WatchEvent
 from vk.forge.tokens import matters_to_token
 from vk.reflection.echoes import Echoes
@@ -168,8 +169,13 @@ async def test_a_resync_queues_a_pair_only_where_it_is_not_in_sync() -> None:
     vk.local._apply(WatchEvent("ADDED", pod))
     await vk.pods.reconcile(KEY)
     vk.twins._apply(WatchEvent("ADDED", vk.provider.answers[-1]))
+    waiting = copy.deepcopy(pod)  # another pod, whose twin is not made yet (a burst's backlog)
+    waiting["metadata"].update(name="finetune-llama-b7k4m", uid="another-uid")
+    vk.local._apply(WatchEvent("ADDED", waiting))
+    other = ObjectKey("ml-team", "finetune-llama-b7k4m")
     vk.drain()
     assert vk.pods.settled(KEY) and not vk.status.settled(KEY)  # no status pass yet
+    assert vk.status.settled(other), "no twin: no status to write"
 
     resync = next(t for t in vk.manager._tasks if t.name == "resync")
     task = asyncio.create_task(resync.factory())
@@ -177,4 +183,4 @@ async def test_a_resync_queues_a_pair_only_where_it_is_not_in_sync() -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    assert vk.pending() == (NONE, {KEY}, NONE)
+    assert vk.pending() == ({other}, {KEY}, NONE)
