@@ -228,9 +228,13 @@ class TokenReflector:
             self._removed.add(key)
 
     async def ensure_for(self, pod: RawObject) -> None:
-        """Write the token Secret ``pod`` needs now (before its twin is created)."""
+        """Write the token Secret ``pod`` needs now (before its twin is created), and have the
+        queue renew it in time: a pod whose namespace was offloaded after the queue last looked
+        at it is not looked at again for its status changes (:func:`vk.forge.tokens.matters_to_token`)."""
         if not has_token_volume(pod):
             return
-        twin_ns = self.twin_namespace_for(pod["metadata"]["namespace"])
+        meta = pod["metadata"]
+        twin_ns = self.twin_namespace_for(meta["namespace"])
         if twin_ns is not None:
-            await self._write_once(pod, twin_ns, logger)
+            renew = await self._write_once(pod, twin_ns, logger)
+            self.queue.add_after(ObjectKey(meta["namespace"], meta["name"]), renew.after)

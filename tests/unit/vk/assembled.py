@@ -103,8 +103,10 @@ class VirtualKubelet:
                 queue.discard(key)
 
     def pending(self) -> tuple[frozenset[ObjectKey], ...]:
-        """Keys waiting in (twin sync, status back, tokens)."""
-        return self.to_remote.pending, self.back.pending, self.tokens.pending
+        """Keys waiting now (not those put off until later: a token's renewal) in (twin sync,
+        status back, tokens)."""
+        queues = (self.to_remote, self.back, self.tokens)
+        return tuple(q.pending - frozenset(q._delayed) for q in queues)
 
 
 NONE: frozenset[ObjectKey] = frozenset()

@@ -184,3 +184,16 @@ async def test_a_resync_queues_a_pair_only_where_it_is_not_in_sync() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert vk.pending() == ({other}, {KEY}, NONE)
+
+
+async def test_a_token_written_before_its_twin_is_renewed_by_the_queue() -> None:
+    vk = VirtualKubelet()
+    pod = consumer_pod()
+    vk.local._apply(WatchEvent("ADDED", pod))
+    vk.drain()
+    await vk.token.ensure_for(pod)  # the pod reflector, about to create the twin
+    assert ("create", "secrets", None) in vk.provider.writes
+    delayed = vk.tokens._delayed.get(KEY)
+    assert delayed is not None, "its renewal is in the queue"
+    # at 80 % of the token's life, not now
+    assert delayed[0] - asyncio.get_running_loop().time() > 3600
