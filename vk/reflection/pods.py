@@ -225,12 +225,15 @@ class PodReflector:
                 f"namespace {origin_ns} is not offloaded to provider {self.opts.provider_cluster_id} "
                 f"(gpuferry offload namespace {origin_ns})"
             )
+            self._gated.add(key)  # first: what changes while it is held wakes it (see below)
             await self._hold(local, REASON_NOT_OFFLOADED, message, log)
-            self._gated.add(key)
             return Requeue(GATE_RETRY_SECONDS)
         if self.fitter is not None and (result := self.fitter.fit(local)) is not None and not result.ok:
-            await self._gate(local, result, log)
+            # held from now on, before the awaits of saying so: capacity that frees up meanwhile
+            # retries it (gated_keys); marked after them, it went unseen and the pod waited for
+            # the backstop timer
             self._gated.add(key)
+            await self._gate(local, result, log)
             if result.reason == "ExceedsLargestBlock" and key not in self._block_waiting:
                 # the provider may place the grant anew so that one node holds such a block
                 self._block_waiting[key] = placement_request(local)
@@ -258,8 +261,8 @@ class PodReflector:
             if GRANT_PIN_REFUSAL in str(exc):
                 # the grant moves to other nodes and this twin was made for the old ones: the
                 # virtual node follows in a moment; wait for it rather than fail the pod
-                await self._hold(local, REASON_QUOTA, f"the provider's grant is moving: {exc.message}", log)
                 self._gated.add(key)
+                await self._hold(local, REASON_QUOTA, f"the provider's grant is moving: {exc.message}", log)
                 return Requeue(QUOTA_RETRY_SECONDS)
             if "exceeded quota" not in str(exc):
                 # admission (Pod Security, a policy): the pod as written never runs there; say why
@@ -267,8 +270,8 @@ class PodReflector:
                 return None
             # the provider's quota (our grant, as the API server enforces it) is full for now:
             # wait, as a kubelet waits for room, and say so on the consumer pod
-            await self._hold(local, REASON_QUOTA, f"the provider's quota for this tenant is full: {exc}", log)
             self._gated.add(key)
+            await self._hold(local, REASON_QUOTA, f"the provider's quota for this tenant is full: {exc}", log)
             self._quota_waiting[key] = placement_request(local)
             await self._report_demand(origin_ns)
             return Requeue(QUOTA_RETRY_SECONDS)

@@ -76,8 +76,8 @@ class VirtualKubelet:
 
     def __init__(self, settings: VirtualKubeletSettings = SETTINGS) -> None:
         never = KubeClient(Connection(server="https://127.0.0.1:1"))  # never called
-        manager, _ = assemble_virtual_kubelet(settings, never, never)
-        self.manager = manager
+        manager, node = assemble_virtual_kubelet(settings, never, never)
+        self.manager, self.node = manager, node
         by_name = {c.name: c for c in manager.controllers}
         self.to_remote: KeyedQueue[ObjectKey] = by_name["sync_pods_to_remote"].queue
         self.back: KeyedQueue[ObjectKey] = by_name["sync_status_from_remote"].queue

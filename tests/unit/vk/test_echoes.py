@@ -10,14 +10,15 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
+from typing import Any
 
 from kube.objects import ObjectKey
-from kube.watching import WatchEvent
+from kube.watching import Listed, WatchEvent
 from vk.forge.tokens import matters_to_token
 from vk.reflection.echoes import Echoes
 
-from .assembled import KEY, NONE, SETTINGS, VirtualKubelet
-from .builders import consumer_pod
+from .assembled import KEY, NONE, SETTINGS, ApiServer, VirtualKubelet
+from .builders import VIRTUAL_NODE, consumer_pod, gpu_pod, node
 
 
 async def test_the_twin_created_and_the_status_written_come_back_without_a_pass() -> None:
@@ -197,3 +198,38 @@ async def test_a_token_written_before_its_twin_is_renewed_by_the_queue() -> None
     assert delayed is not None, "its renewal is in the queue"
     # at 80 % of the token's life, not now
     assert delayed[0] - asyncio.get_running_loop().time() > 3600
+
+
+async def test_room_freed_while_a_pod_is_being_held_retries_it_at_once() -> None:
+    """A pod that fits nowhere is held (its status and an Event say so). Room that frees up while
+    those writes are on their way must retry it: the gate's retry list has it from the moment the
+    fit failed, not from the end of the writes (else it waited for the 30 s backstop)."""
+    vk = VirtualKubelet()
+    view = vk.node.view
+    view.handle_node(WatchEvent("ADDED", node("h100-1", gpus=8)))
+    view.handle_node(Listed("1", frozenset({ObjectKey(None, "h100-1")})))
+    blocker = gpu_pod("blocker", None, gpus=8)
+    blocker["metadata"]["namespace"] = "others"
+    blocker["spec"]["nodeName"] = "h100-1"
+    view.handle_pod(WatchEvent("ADDED", blocker))
+    view.handle_pod(Listed("1", frozenset({ObjectKey("others", "blocker")})))
+    vk.node.reachable = True
+
+    pod = gpu_pod("train-0", VIRTUAL_NODE, gpus=8, phase=None)
+    key = ObjectKey("ml", "train-0")
+    vk.consumer.objects["train-0"] = pod
+    vk.local._apply(WatchEvent("ADDED", pod))
+    vk.drain()
+    seen_while_holding: list[bool] = []
+
+    async def freed_meanwhile(resource: Any, name: str, body: Any, namespace: Any = None,
+                              **options: Any) -> Any:  # fmt: skip
+        # the blocker goes while the pod's status is being written
+        view.handle_pod(WatchEvent("DELETED", blocker))
+        seen_while_holding.append(key in vk.to_remote.pending)
+        return await ApiServer.patch(vk.consumer, resource, name, body, namespace, **options)
+
+    vk.consumer.patch = freed_meanwhile  # type: ignore[method-assign]
+    assert await vk.pods.reconcile(key) is not None  # held, and looked at again in 30 s at the latest
+    assert vk.consumer.writes[0] == ("patch", "pods", "status")
+    assert seen_while_holding == [True], "the room that freed up retries it now"
