@@ -22,7 +22,7 @@ from kube.objects import JOBS, PODS, RawObject, Resource
 
 from .clirunner import Cli
 from .conftest import NamespaceFactory
-from .waiting import condition, wait_for
+from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration
 
@@ -97,9 +97,12 @@ async def test_three_jobs_over_a_two_gpu_grant_queue_in_kueue(
         await wait_for(consumer_client, JOBS, "second", admitted, namespace=ns, timeout=60)
         third = await consumer_client.get(JOBS, "third", ns)
         assert third["spec"]["suspend"] is True  # no quota left: it waits in the queue
-        workloads = (await consumer_client.list(WORKLOADS, ns))["items"]
+        # Kueue's job controller makes each Job's Workload on its own time: wait for all three
+        workloads = await wait_for_items(consumer_client, WORKLOADS, lambda ws: len(ws) == 3,
+                                         namespace=ns, timeout=60)  # fmt: skip
         pending = [w for w in workloads if (condition(w, "QuotaReserved") or {}).get("status") != "True"]
-        assert [w["metadata"]["ownerReferences"][0]["name"] for w in pending] == ["third"]
+        seen = {w["metadata"]["ownerReferences"][0]["name"]: condition(w, "QuotaReserved") for w in workloads}
+        assert [w["metadata"]["ownerReferences"][0]["name"] for w in pending] == ["third"], seen
 
         done = {}
         for name in ("first", "second", "third"):
