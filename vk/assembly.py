@@ -170,6 +170,9 @@ class PodSync:
     status_from_remote: KeyedQueue[ObjectKey]
     reflector: PodReflector
     status: PodStatusReflector
+    orphan_found: Callable[[ObjectKey], None] = lambda key: None
+    """Called with the key of a twin found without its consumer pod (one left by a pod deleted
+    while no virtual kubelet ran): what was copied for it goes with the twin."""
 
     def add(self, key: ObjectKey) -> None:
         """Either pod of a pair changed: both directions look at it."""
@@ -199,6 +202,11 @@ class PodSync:
         else:
             self.status.forget(key)
 
+    def _has_consumer_pod(self, key: ObjectKey) -> bool:
+        """False also while the consumer pods are not listed yet: the reconcilers run after."""
+        local = self.reflector.local
+        return local.synced.is_set() and local.get(key) is not None
+
     def remote_changed(self, change: Change) -> None:
         """The twin changed: the consumer pod's status is looked at again (unless the twin is
         gone); the twin itself only when the change can matter to it (not its binding or its
@@ -211,6 +219,8 @@ class PodSync:
         version = self.reflector.remote.resource_version(key)
         if change.new is not None and self.reflector.echoes.is_echo(key, version):
             return
+        if change.type == "ADDED" and not self._has_consumer_pod(key):
+            self.orphan_found(key)
         if matters_to_twin_sync(change.type, change.old, change.new, unread_spec=_BOUND_BY_THE_PROVIDER):
             self.to_remote.add(key)
         else:
@@ -236,6 +246,9 @@ def add_pod_sync(
     to_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_pods_to_remote", settings=settings.queue)
     from_remote: KeyedQueue[ObjectKey] = KeyedQueue("sync_status_from_remote", settings=settings.queue)
     pods = PodSync(to_remote, from_remote, reflector, status)
+    for prerequisite in prerequisites:
+        if isinstance(prerequisite, TokenReflector):  # its token Secret goes with an orphan twin
+            pods.orphan_found = prerequisite.pod_changed
     informers = [local, *remote.informers]
     _add_controller(manager, pods.to_remote, reflector, "Pod", informers)
     _add_controller(manager, pods.status_from_remote, status, "Pod", informers)

@@ -4,7 +4,9 @@ For each consumer pod on the node that has a projected token volume, the reflect
 consumer's TokenRequest API for a token of the pod's service account, bound to the pod (so it
 stops working when the pod goes), and writes it with the consumer's CA and namespace into the
 pod's token Secret in the twin namespace (:mod:`vk.forge.tokens`). It renews the token when 80%
-of its lifetime has passed, as the kubelet does, and deletes the Secret when the pod is gone.
+of its lifetime has passed, as the kubelet does, and deletes the Secret when the pod is gone,
+or, for a pod deleted while no virtual kubelet ran, when its orphan twin is found (the
+assembly's ``PodSync.orphan_found``). A pod without a token volume costs no request at all.
 The pod reflector calls :meth:`ensure_for` before creating a twin, so the Secret exists first.
 
 A pod's token is asked for and written once: the queue's pass and the pod reflector's
@@ -74,7 +76,8 @@ class TokenReflector:
         self._cas: dict[str, tuple[float, str]] = {}  # namespace -> (read at, CA)
         self._ca_reads: dict[str, asyncio.Future[str]] = {}
         self._removed: set[ObjectKey] = set()
-        """Terminating pods whose Secret was deleted: their deletion deletes it no second time."""
+        """Pods with no Secret of ours left (terminating or finished ones whose Secret was
+        deleted, those without a token volume): their deletion deletes none."""
 
     def pod_changed(self, key: ObjectKey) -> None:
         self.queue.add(key)
@@ -159,7 +162,16 @@ class TokenReflector:
                 return None
             await self._remove(key, log)
             return None
-        if pod["metadata"].get("deletionTimestamp") or not has_token_volume(pod):
+        if not has_token_volume(pod):
+            # a pod's volumes never change: a pod without a token volume never had a token
+            # Secret, unless another pod of its name had one here (issue 15: each such pod cost
+            # the provider a DELETE of a Secret that was never there)
+            if key in self._written:
+                await self._remove(key, log, final=False)
+            else:
+                self._removed.add(key)
+            return None
+        if pod["metadata"].get("deletionTimestamp"):
             await self._remove(key, log, final=False)
             return None
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
@@ -211,8 +223,9 @@ class TokenReflector:
 
     async def _remove(self, key: ObjectKey, log: object, *, final: bool = True) -> None:
         """Delete the pod's token Secret. Not ``final``: the pod is still there (terminating,
-        finished, without a token volume), and is remembered so that its going deletes nothing
-        again; a pod gone that this process never saw is looked for all the same (a restart)."""
+        finished, or another pod of its name without a token volume), and is remembered so
+        that its going deletes nothing again; a pod gone that this process never saw is looked
+        for all the same (a restart)."""
         self._renew_at.pop(key, None)
         written = self._written.pop(key, None)
         twin_ns = written[0] if written else self.twin_namespace_for(key.namespace or "")

@@ -39,6 +39,7 @@ class ApiServer:
         self.writes: list[tuple[str, str, str | None]] = []
         self.answers: list[dict[str, Any]] = []
         self.objects: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
 
     def _answer(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -68,6 +69,7 @@ class ApiServer:
     async def delete(self, resource: Resource, name: str, namespace: str | None = None,
                      **options: Any) -> dict[str, Any]:  # fmt: skip
         self.writes.append(("delete", resource.plural, None))
+        self.deleted.append(name)
         return {}
 
 
