@@ -191,7 +191,7 @@ class PodSync:
         if matters_to_twin_sync(change.type, change.old, change.new):
             self.to_remote.add(key)
         else:
-            self.reflector.still_in_sync(key, change, 0)
+            self.reflector.still_in_sync(key, change, "consumer")
 
     def _status_has_nothing_to_write(self, key: ObjectKey) -> None:
         """The pod is gone or terminating, or its twin is gone: status back's pass would only
@@ -224,7 +224,7 @@ class PodSync:
         if matters_to_twin_sync(change.type, change.old, change.new, unread_spec=_BOUND_BY_THE_PROVIDER):
             self.to_remote.add(key)
         else:
-            self.reflector.still_in_sync(key, change, 1)
+            self.reflector.still_in_sync(key, change, "twin")
 
 
 def add_pod_sync(

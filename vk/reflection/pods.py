@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
 from kube.clients import KubeClient
@@ -118,8 +118,8 @@ class PodReflector:
             self.remote.resource_version(key),
         )
 
-    def still_in_sync(self, key: ObjectKey, change: Change, side: int) -> None:
-        """``change`` of one pod of the pair (``side`` 0: the consumer pod, 1: the twin) cannot
+    def still_in_sync(self, key: ObjectKey, change: Change, side: Literal["consumer", "twin"]) -> None:
+        """``change`` of one pod of the pair (``side``: which) cannot
         matter to this reconciler (:func:`~vk.forge.pods.matters_to_twin_sync` said so): a pair
         found in sync stays so at the new version, and a resync does not pass over it again
         (issue 15: every twin bound and Running since its creation made every resync a pass over
@@ -128,10 +128,11 @@ class PodReflector:
         if seen is None or change.old is None or change.new is None:
             return
         before = change.old["metadata"].get("resourceVersion")
-        if before is None or seen[side] != before:
+        at = 0 if side == "consumer" else 1
+        if before is None or seen[at] != before:
             return
         after = change.new["metadata"].get("resourceVersion")
-        self._in_sync[key] = (after, seen[1]) if side == 0 else (seen[0], after)
+        self._in_sync[key] = (after, seen[1]) if at == 0 else (seen[0], after)
 
     def gated_keys(self) -> list[ObjectKey]:
         """Pods held back because they fit on no provider node now (to retry when that changes)."""
