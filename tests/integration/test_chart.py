@@ -33,7 +33,7 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import api_advertise_address, declaration, local_network
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
-from kube.objects import NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
+from kube.objects import CSRS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
 from vk.forge.labels import ORIGIN_NAMESPACE
 
 from .clirunner import Cli
@@ -181,6 +181,20 @@ async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
         await asyncio.sleep(0.5)
 
 
+async def kubelet_api_pods(consumer: LocalCluster, proxy: str, timeout: float = 60) -> RawObject:
+    """The pods the virtual kubelet's API lists through the API server's node proxy, once it
+    lists the offloaded pod: a new virtual-kubelet pod is Ready before its node has its new
+    address and its serving certificate is approved, so the first dials may fail (after
+    ``timeout``, the last answer is returned, or its error raised)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        raw = consumer.kubectl("get", "--raw", proxy, check=False)
+        if '"train"' in raw or loop.time() > deadline:
+            return json.loads(consumer.kubectl("get", "--raw", proxy))  # type: ignore[no-any-return]
+        await asyncio.sleep(1)
+
+
 def gpuferry(cluster: LocalCluster, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The gpuferry CLI on ``cluster``, with the helm binary hack/ built."""
     env = {**os.environ, "GPUFERRY_CACHE": str(tmp / "cache"), "GPUFERRY_HELM": str(cluster.bin.helm)}
@@ -290,12 +304,14 @@ async def test_installed_controllers_peer_and_offload_as_pods(
                         lambda v: (v.get("status") or {}).get("phase") == "Running",
                         namespace=SYSTEM_NAMESPACE, timeout=60)  # fmt: skip
     assert kubelet["metadata"]["name"] in (condition(vn, "KubeletRunning") or {})["message"]
-    # its serving certificate: requested as its own account, approved by the agent
-    csrs = json.loads(consumer.kubectl("get", "csr", "-o", "json"))["items"]
-    mine = [
-        c for c in csrs if c["spec"]["username"] == "system:serviceaccount:gpuferry-system:gf-vk-gpu-farm"
-    ]
-    assert mine and any(x["type"] == "Approved" for c in mine for x in c["status"].get("conditions") or [])
+    # its serving certificate: requested as its own account, approved by the agent (on its own
+    # time: the pod's readiness does not wait for it)
+    def approved_for_the_kubelet(csrs: list[RawObject]) -> bool:
+        account = "system:serviceaccount:gpuferry-system:gf-vk-gpu-farm"
+        mine = [c for c in csrs if c["spec"]["username"] == account]
+        return any(x["type"] == "Approved" for c in mine for x in c["status"].get("conditions") or [])
+
+    await wait_for_items(consumer_client, CSRS, approved_for_the_kubelet, timeout=60)
 
     consumer.kubectl("create", "namespace", "chart-work")
     try:
@@ -313,7 +329,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         # the API server dials the virtual kubelet's API at the consumer pod's address (logs and
         # exec go that way): its /pods, through the node proxy, lists the pod
         proxy = f"/api/v1/nodes/{virtual_node_name('gpu-farm')}/proxy/pods"
-        listed = json.loads(consumer.kubectl("get", "--raw", proxy))
+        listed = await kubelet_api_pods(consumer, proxy)
         assert [p["metadata"]["name"] for p in listed["items"]] == ["train"]
 
         # the kubelet's pod deleted: a new one takes over; the node stays Ready all along (its
@@ -332,7 +348,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
                 break
             assert loop.time() < deadline, "no new virtual-kubelet pod became ready"
             await asyncio.sleep(0.5)
-        listed = json.loads(consumer.kubectl("get", "--raw", proxy))
+        listed = await kubelet_api_pods(consumer, proxy)
         assert [p["metadata"]["name"] for p in listed["items"]] == ["train"]
         train = await consumer_client.get(PODS, "train", "chart-work")
         assert train["status"]["phase"] == "Running"
@@ -371,7 +387,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert train["metadata"]["uid"] == running["metadata"]["uid"]
         twins = (await provider_client.list(PODS, namespace="chart-work-ml-eu"))["items"]
         assert [t["status"]["phase"] for t in twins] == ["Running"]
-        assert json.loads(consumer.kubectl("get", "--raw", proxy))["items"][0]["metadata"]["name"] == "train"
+        assert (await kubelet_api_pods(consumer, proxy))["items"][0]["metadata"]["name"] == "train"
 
         # the consumer's node restarts (kubelet and containerd stopped, then started again): the
         # controllers, the virtual kubelet and its node converge; the offloaded pod runs on
@@ -388,12 +404,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         train = await consumer_client.get(PODS, "train", "chart-work")
         assert train["status"]["phase"] == "Running"
         assert train["metadata"]["uid"] == running["metadata"]["uid"]
-        for _ in range(60):  # the kubelet API answers again once the pod's kubelet serves
-            raw = consumer.kubectl("get", "--raw", proxy, check=False)
-            if raw and '"train"' in raw:
-                break
-            await asyncio.sleep(1)
-        assert json.loads(consumer.kubectl("get", "--raw", proxy))["items"][0]["metadata"]["name"] == "train"
+        assert (await kubelet_api_pods(consumer, proxy))["items"][0]["metadata"]["name"] == "train"
 
         await cli.ok("unoffload", "namespace", "chart-work", "--kubeconfig", cli.c)
     finally:

@@ -75,6 +75,11 @@ AN_L4 = f"device.attributes['{DRIVER}'].productName == 'NVIDIA L4'"
 AT_LEAST_100GI = f"device.capacity['{DRIVER}'].memory.compareTo(quantity('100Gi')) >= 0"
 
 
+def hard(quota: RawObject) -> dict[str, str]:
+    """The limits the API server enforces: the quota controller's copy of ``spec.hard``."""
+    return dict((quota.get("status") or {}).get("hard") or {})
+
+
 def running(p: RawObject) -> bool:
     return (p.get("status") or {}).get("phase") == "Running"
 
@@ -184,8 +189,9 @@ async def test_dra_claims_are_allocated_on_the_virtual_node_and_on_the_provider(
     assert changed["slice"]["granted"][QUOTA_KEY] == "4", changed["slice"]
     h100_only = {f"{VIRTUAL_NODE}/gpu-dra-h100-0": 4}
     await wait_for_items(consumer_client, RESOURCESLICES, lambda items: mirrored(items) == h100_only)
+    # the API server enforces status.hard, which the quota controller copies from spec.hard
     await wait_for(provider_client, RESOURCEQUOTAS, "gpuferry-grant",
-                   lambda q: q["spec"]["hard"].get(QUOTA_KEY) == "4",
+                   lambda q: q["spec"]["hard"].get(QUOTA_KEY) == "4" == hard(q).get(QUOTA_KEY),
                    namespace=twin_ns, timeout=30)  # fmt: skip
     other_class: RawObject = {
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
@@ -196,7 +202,7 @@ async def test_dra_claims_are_allocated_on_the_virtual_node_and_on_the_provider(
     try:
         key = "any-gpu.example.com.deviceclass.resource.k8s.io/devices"
         await wait_for(provider_client, RESOURCEQUOTAS, "gpuferry-grant",
-                       lambda q: q["spec"]["hard"].get(key) == "0",
+                       lambda q: q["spec"]["hard"].get(key) == "0" == hard(q).get(key),
                        namespace=twin_ns, timeout=30)  # fmt: skip
         secret = await consumer_client.get(SECRETS, "gpuferry-identity-gpu-farm", "gpuferry-system")
         async with KubeClient.from_kubeconfig_data(base64.b64decode(secret["data"]["kubeconfig"])) as me:

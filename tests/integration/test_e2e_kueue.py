@@ -85,9 +85,11 @@ async def test_three_jobs_over_a_two_gpu_grant_queue_in_kueue(
     try:
         kueue.kubectl("apply", "-f", "-", input=json.dumps(local_queue))
         for name, seconds in (("first", 6), ("second", 6), ("third", 2)):
-            kueue.kubectl("-n", ns, "create", "-f", "-", input=JOB.format(name=name, seconds=seconds))
-            # the webhook suspends it (it names a queue) until Kueue admits it
-            job = await consumer_client.get(JOBS, name, ns)
+            created = kueue.kubectl("-n", ns, "create", "-f", "-", "-o", "json",
+                                    input=JOB.format(name=name, seconds=seconds))  # fmt: skip
+            # the webhook suspends it (it names a queue) until Kueue admits it: the API server's
+            # answer says so (a read after it may find it admitted already)
+            job = json.loads(created)
             assert job["spec"]["suspend"] is True, job["spec"]
 
         def admitted(job: RawObject) -> bool:

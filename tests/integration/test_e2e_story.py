@@ -46,7 +46,7 @@ from vk.kubelet.certificates import csr_object, make_key_and_csr
 from .clirunner import Cli, cache_of
 from .conftest import NamespaceFactory
 from .relay import kubeconfig_via
-from .waiting import condition, wait_for
+from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration
 
@@ -247,6 +247,8 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             await asyncio.sleep(0.2)
     assert out.strip() == "from the provider"
     await consumer_client.delete(PODS, "shell", ns)
+    # gone only once the virtual kubelet deleted its twin: until then info counts it
+    await wait_for_deletion(consumer_client, PODS, "shell", ns, timeout=60)
 
     # info, golden (times and URLs masked); the tunnel's figures change from run to run
     info = masked(json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json")))

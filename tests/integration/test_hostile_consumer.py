@@ -579,7 +579,17 @@ async def test_a_consumer_identity_cannot_reach_beyond_its_slice(
             approved = json.loads(await cli.ok(*tenant[:1], "approve", "ml-eu", *tenant[1:],
                                                "--selector", "nvidia.com/gpu.product=NVIDIA-L4"))  # fmt: skip
             assert approved["approvedNodeSelector"] == "nvidia.com/gpu.product=NVIDIA-L4", approved
-            await me.patch(GPUSLICES, "ml-eu", {"spec": {"nodeSelector": L4_SELECTOR}}, TENANT_NS)
+            # the policy reads the namespace's annotation from the API server's cache of
+            # namespaces, which follows the approval within moments
+            for _ in range(20):
+                try:
+                    await me.patch(GPUSLICES, "ml-eu", {"spec": {"nodeSelector": L4_SELECTOR}}, TENANT_NS)
+                    break
+                except Forbidden as refusal:
+                    assert "approve" in str(refusal), refusal
+                    await asyncio.sleep(0.5)
+            else:
+                await me.patch(GPUSLICES, "ml-eu", {"spec": {"nodeSelector": L4_SELECTOR}}, TENANT_NS)
     finally:
         await provider_client.delete(NAMESPACES, OTHER_TENANT_NS)
 

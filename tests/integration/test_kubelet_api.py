@@ -300,14 +300,22 @@ async def offloaded(
 
 
 async def _provider_ready(provider: LocalCluster, pod: Offloaded) -> None:
-    """kwok picks up its debugging objects from a watch: wait until the provider serves them."""
+    """kwok picks up its debugging objects from watches, one per kind: wait until the provider
+    serves the twin's logs and its exec."""
     kubectl = Kubectl(provider)
     for _ in range(100):
         rc, out, _ = await kubectl("logs", "-n", pod.twin_namespace, pod.name, "-c", "side")
         if rc == 0 and "sidecar ready" in out:
+            break
+        await asyncio.sleep(0.2)
+    else:
+        raise TimeoutError("kwok on the provider does not serve the twin's logs")
+    for _ in range(100):
+        rc, _, _ = await kubectl("exec", "-n", pod.twin_namespace, pod.name, "-c", "main", "--", "true")
+        if rc == 0:
             return
         await asyncio.sleep(0.2)
-    raise TimeoutError("kwok on the provider does not serve the twin's logs")
+    raise TimeoutError("kwok on the provider does not serve the twin's exec")
 
 
 async def test_kubectl_logs_of_an_offloaded_pod_are_the_twins_logs(

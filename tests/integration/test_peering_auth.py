@@ -270,6 +270,13 @@ async def test_deleting_the_tenant_revokes_access(
             await request_twin_namespace(me, consumer_id=consumer_id, origin_namespace="third", timeout=20)
         await provider_client.delete(TENANTS, consumer_id, tns)
         await wait_for_deletion(provider_client, TENANTS, consumer_id, tns, timeout=60)
+        # the API server's authorizer drops the deleted RoleBindings from its cache within moments
+        for _ in range(20):
+            try:
+                await me.list(GPUSLICES, tns)
+            except (Forbidden, Unauthorized):
+                break
+            await asyncio.sleep(0.5)
         await refused(me.list(GPUSLICES, tns), "forbidden")
         await refused(me.list(PODS, twin))
         for name in (twin, same):
