@@ -33,7 +33,7 @@ from kube.objects import ObjectKey
 from kube.queueing import KeyedQueue
 from kube.reconciling import Reconciler
 
-from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET
+from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET, matters_to_copies
 from .forge.node import network_condition
 from .forge.pods import ForgeOptions, matters_to_twin_sync
 from .forge.tokens import matters_to_token
@@ -111,11 +111,15 @@ def assemble_virtual_kubelet(
     def local_pod_changed(change: Change) -> None:
         pods.local_changed(change)
         token_matters = matters_to_token(change.type, change.old, change.new)
+        copies_matter = matters_to_copies(change.type, change.old, change.new)
         for copier in copiers:
-            if token_matters or not isinstance(copier, TokenReflector):
-                copier.pod_changed(change.key)
+            if isinstance(copier, TokenReflector):
+                if token_matters:
+                    copier.pod_changed(change.key)
+            elif copies_matter:
+                copier.pod_changed(change.key, change.new)
         events.pod_changed(change.key)
-        if occupied.update(change.key, local.get(change.key) is not None):
+        if occupied.update(change.key, change.new is not None):
             # the node's last pod in this namespace went: its watches go too (issue 15)
             namespace = change.key.namespace or ""
             for reflector in (*copiers, events):

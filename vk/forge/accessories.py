@@ -34,6 +34,7 @@ __all__ = [
     "SECRET",
     "Kind",
     "copy_differs",
+    "matters_to_copies",
     "references",
     "remote_copy",
 ]
@@ -81,6 +82,20 @@ def _container_refs(container: Mapping[str, Any], out: dict[Kind, set[str]]) -> 
             out[CONFIGMAP].add(str(cm))
         if secret := (env_from.get("secretRef") or {}).get("name"):
             out[SECRET].add(str(secret))
+
+
+def matters_to_copies(change_type: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a change of a consumer pod on the node can change what is copied for it (the
+    ConfigMaps, Secrets and claims it references, the Services of its namespace): the pod
+    appearing or going, another pod of its name, or a change of its spec (an ephemeral
+    container added). Its status cannot, nor the start of its termination: each woke every
+    copier, which looked the pod up and walked its spec again, and woke every Service of the
+    namespace (issue 15). Pure."""
+    if change_type != "MODIFIED" or old is None or new is None:
+        return True
+    if (old.get("metadata") or {}).get("uid") != (new.get("metadata") or {}).get("uid"):
+        return True
+    return bool(old.get("spec") != new.get("spec"))
 
 
 def references(pod: Mapping[str, Any]) -> dict[Kind, set[str]]:

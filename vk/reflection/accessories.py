@@ -7,11 +7,11 @@ virtual node reference with what the twin namespace holds, and creates, replaces
 copy (only copies gpuferry made: an object of the same name made on the provider by someone else
 is reported, never touched).
 
-What wakes a key up: a change of a consumer pod on the node (the names it references, before and
-after), a change of the consumer object (one informer per namespace where a pod on the node
-references an object of the kind, held by :meth:`AccessoryReflector.run`), and the periodic
-resync. Before a twin is created,
-the pod reflector calls :meth:`ensure_for`, so that the copies exist before the provider's
+What wakes a key up: a consumer pod on the node appearing, going or changing its spec (the names
+it references, before and after), a change of the consumer object (one informer per namespace
+where a pod on the node references an object of the kind, held by
+:meth:`AccessoryReflector.run`), and the periodic resync. Before a twin is created, the pod
+reflector calls :meth:`ensure_for`, so that the copies exist before the provider's
 kubelet looks for them.
 """
 
@@ -90,10 +90,10 @@ class AccessoryReflector:
 
     # ---- what wakes keys up --------------------------------------------------------------------
 
-    def pod_changed(self, key: ObjectKey) -> None:
-        """Called for every change of a consumer pod on the node (and its disappearance)."""
+    def pod_changed(self, key: ObjectKey, pod: RawObject | None) -> None:
+        """A consumer pod on the node appeared, went (``pod`` None) or had its spec changed
+        (:func:`~vk.forge.accessories.matters_to_copies`); ``pod`` as the change brought it."""
         namespace = key.namespace or ""
-        pod = self.pods.get(key)
         now = references(pod)[self.kind] if pod is not None else set()
         before = self._refs.pop(key, set())
         if pod is not None and now:
@@ -199,10 +199,9 @@ class AccessoryReflector:
     async def ensure_for(self, pod: RawObject) -> None:
         """Make the copies ``pod`` needs now (before its twin is created)."""
         namespace = pod["metadata"]["namespace"]
-        self._refs.setdefault(ObjectKey(namespace, pod["metadata"]["name"]), set()).update(
-            references(pod)[self.kind]
-        )
-        for name in sorted(references(pod)[self.kind]):
+        names = references(pod)[self.kind]
+        self._refs.setdefault(ObjectKey(namespace, pod["metadata"]["name"]), set()).update(names)
+        for name in sorted(names):
             await self.reconcile(ObjectKey(namespace, name))
 
     def known_keys(self) -> Iterable[ObjectKey]:

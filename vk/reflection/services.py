@@ -78,9 +78,11 @@ class ServiceReflector:
 
     # ---- what wakes keys up --------------------------------------------------------------------
 
-    def pod_changed(self, key: ObjectKey) -> None:
+    def pod_changed(self, key: ObjectKey, pod: RawObject | None) -> None:
+        """A consumer pod on the node appeared or went (``pod`` None), or changed its spec
+        (:func:`~vk.forge.accessories.matters_to_copies`): every Service of its namespace."""
         namespace = key.namespace or ""
-        if self.pods.get(key) is not None and namespace not in self._services:
+        if pod is not None and namespace not in self._services:
             self._watch_namespace(namespace)
         for service in [k for k in {*self._service_keys(), *self._copies} if k.namespace == namespace]:
             self.queue.add(service)

@@ -136,9 +136,9 @@ async def test_a_namespace_is_watched_for_a_kind_only_while_its_pods_name_one() 
                                    pods=Pods(), twin_namespace_for=lambda ns: None,  # type: ignore[arg-type]
                                    consumer_id="eu")  # fmt: skip
     try:
-        reflector.pod_changed(ObjectKey("plain", "p"))
+        reflector.pod_changed(ObjectKey("plain", "p"), pods[ObjectKey("plain", "p")])
         assert "plain" not in reflector._watches and len(reflector._watches) == 0
-        reflector.pod_changed(ObjectKey("dra", "q"))
+        reflector.pod_changed(ObjectKey("dra", "q"), pods[ObjectKey("dra", "q")])
         assert "dra" in reflector._watches and len(reflector._watches) == 1
     finally:
         reflector.release("dra")
