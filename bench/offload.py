@@ -16,6 +16,10 @@ ratio follows the ratio of that work.
 It prints how long a plain GET takes while the virtual kubelet watches them all, and the
 watches it holds and its RSS with the pods and after them.
 
+``--services K`` puts K Services (selecting none of the pods) in each burst's namespace first, as
+a team's namespace holds some: the virtual kubelet copies them to the twin namespace, and its
+reconciles per pod show what the pods' changes wake among them.
+
 A run that times out prints what it got; every run removes what it made (nodes, namespaces, the
 virtual node), on Ctrl-C too.
 
@@ -52,7 +56,7 @@ from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
-from kube.objects import NAMESPACES, NODES, PODS, ObjectKey, RawObject
+from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, watch_objects
 
@@ -80,6 +84,17 @@ def pod(name: str, run: str, node: str | None = None) -> RawObject:
         "kind": "Pod",
         "metadata": {"name": name, "labels": {RUN_LABEL: run}},
         "spec": spec,
+    }
+
+
+def service(name: str) -> RawObject:
+    """A Service that selects none of the run's pods: what a namespace of a real team holds
+    (the virtual kubelet copies each to the twin namespace while pods of the namespace run there)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name},
+        "spec": {"selector": {"app": f"not-{name}"}, "ports": [{"port": 80, "targetPort": 8080}]},
     }
 
 
@@ -356,6 +371,7 @@ async def throughput(
     vk: subprocess.Popen[bytes],
     port: int,
     idle: float,
+    services: int = 0,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
     rest = machine.snapshot()
@@ -364,6 +380,8 @@ async def throughput(
     print(f"machine at rest, before the bursts: cores {at_rest.busy / at_rest.total * 100:.0f} % busy "
           f"({', '.join(f'{k} {v / REST_SECONDS * 100:.1f} %' for k, v in at_rest.by.most_common(4))} "
           "of a core)", flush=True)  # fmt: skip
+    if services:
+        print(f"each burst's namespace holds {services} Services, selecting none of its pods", flush=True)
     for n in counts:
         results = {}
         lines: list[str] = []
@@ -373,6 +391,8 @@ async def throughput(
         for side, client in (("direct", p), ("offloaded", c)):
             ns = f"bench-{side}-{n}-{suffix}"
             await client.create(NAMESPACES, namespace(ns))  # labelled: the final cleanup finds it
+            for i in range(services):
+                await client.create(SERVICES, service(f"svc-{i}"), ns)
             await asyncio.sleep(1.5)  # default ServiceAccount
             before = await requests_sent(port)
             cpu_before = proc_stats(vk.pid)[0]
@@ -527,7 +547,8 @@ async def many_namespaces(
 
 
 async def bench(
-    profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None
+    profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None,
+    services: int = 0,
 ) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
@@ -572,7 +593,7 @@ async def bench(
             await wait_ready(c, node, vk, log)
             if counts:
                 await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port,
-                                 idle=idle)  # fmt: skip
+                                 idle=idle, services=services)  # fmt: skip
             if namespaces:
                 await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
@@ -634,14 +655,22 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, help="the virtual kubelet's --workers (pods reconciled at once; default 16)"
     )
+    parser.add_argument(
+        "--services", type=int, default=0,
+        help="Services (selecting none of the pods) in each burst's namespace, made before its pods "
+        "(default 0); the virtual kubelet copies them to the twin namespace",
+    )
     args = parser.parse_args()
     if args.idle < 0:
         parser.error("--idle must be 0 or more")
+    if args.services < 0:
+        parser.error("--services must be 0 or more")
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be 1 or more")
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
-        asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers)))
+        asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers,
+                                          args.services)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)

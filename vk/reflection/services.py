@@ -7,9 +7,9 @@ pods on this virtual node (their twins are the ones resolving them); the copies 
 pod. Only copies gpuferry made are touched.
 
 What wakes a key up: a change of the consumer Service or of one of its EndpointSlices (one
-informer of each per namespace in use, held by :meth:`ServiceReflector.run`), a consumer pod on
-the node appearing or going (every Service of its namespace), a new view from the network fabric
-(every Service), and the periodic resync.
+informer of each per namespace in use, held by :meth:`ServiceReflector.run`), the first consumer
+pod of its namespace appearing on the node or the last going (every Service of the namespace), a
+new view from the network fabric (every Service), and the periodic resync.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kube.settings import QueueSettings, WatchSettings
 from ..forge.addresses import identity
 from ..forge.labels import origin_of
 from ..forge.services import SERVICE_NAME_LABEL, remote_endpoint_slice, remote_service, slice_name, translator
-from .namespaced import NamespaceTasks
+from .namespaced import NamespacePods, NamespaceTasks
 
 __all__ = ["ServiceReflector"]
 
@@ -75,17 +75,26 @@ class ServiceReflector:
         self._slices: dict[str, Informer] = {}  # consumer namespace -> its Services' EndpointSlices
         self._watches = NamespaceTasks("watch-consumer-services")
         self._copies: set[ObjectKey] = set()
+        self._occupied = NamespacePods()
+        """Namespaces with pods on the node, kept by :meth:`pod_changed`: their Services are copied."""
 
     # ---- what wakes keys up --------------------------------------------------------------------
 
     def pod_changed(self, key: ObjectKey, pod: RawObject | None) -> None:
         """A consumer pod on the node appeared or went (``pod`` None), or changed its spec
-        (:func:`~vk.forge.accessories.matters_to_copies`): every Service of its namespace."""
+        (:func:`~vk.forge.accessories.matters_to_copies`). The Services of its namespace are
+        looked at when it is the namespace's first pod on the node or was its last: a copy is
+        kept exactly while the namespace has pods here, and what it holds comes from the Service
+        and its EndpointSlices, watched on their own (issue 15: every pod's every change queued
+        every Service of its namespace, each pass a GET and two applies on the provider)."""
         namespace = key.namespace or ""
+        first = pod is not None and namespace not in self._occupied
+        last = self._occupied.update(key, pod is not None)
         if pod is not None and namespace not in self._services:
             self._watch_namespace(namespace)
-        for service in [k for k in {*self._service_keys(), *self._copies} if k.namespace == namespace]:
-            self.queue.add(service)
+        if first or last:
+            for service in [k for k in {*self._service_keys(), *self._copies} if k.namespace == namespace]:
+                self.queue.add(service)
 
     def set_views(
         self,
@@ -135,7 +144,7 @@ class ServiceReflector:
             self.queue.add(ObjectKey(meta.get("namespace"), service))
 
     def _in_use(self, namespace: str) -> bool:
-        return any(k.namespace == namespace for k in self.pods)
+        return namespace in self._occupied
 
     # ---- reconciling ---------------------------------------------------------------------------
 

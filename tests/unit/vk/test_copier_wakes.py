@@ -1,7 +1,8 @@
 """What a consumer pod's changes wake among the copiers (ConfigMaps, Secrets, DRA claims and
-Services copied to its twin namespace): its appearing, its going and a change of its spec; not
-its status written back nor the start of its termination (issue 15: each of those woke every
-copier, and every Service of the namespace).
+Services copied to its twin namespace): its appearing, its going and a change of its spec wake
+the copies it references; the namespace's first pod on the node and its last, its Services. Not
+its status written back nor the start of its termination (issue 15: each change of each pod
+woke every copier, and every Service of the namespace).
 
 The virtual kubelet is assembled for real; its informers are fed by hand as their watches would
 be."""
@@ -21,7 +22,8 @@ from .assembled import KEY, VirtualKubelet
 from .builders import consumer_pod
 
 SERVICE = {"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": "tracking", "namespace": KEY.namespace, "uid": "svc-uid", "resourceVersion": "7"},
+           "metadata": {"name": "tracking", "namespace": KEY.namespace, "uid": "svc-uid",
+                        "resourceVersion": "7"},
            "spec": {"selector": {"app": "mlflow"}, "ports": [{"port": 5000}]}}  # fmt: skip
 
 
@@ -52,10 +54,12 @@ async def test_only_a_pod_appearing_going_or_changing_its_spec_wakes_the_copiers
     assert isinstance(services, ServiceReflector)
     pod = mounting(consumer_pod())
     config, tracking = ObjectKey(KEY.namespace, "train-config"), ObjectKey(KEY.namespace, "tracking")
+    debug_env = ObjectKey(KEY.namespace, "debug-env")
 
     vk.local._apply(WatchEvent("ADDED", pod))
     assert woken(vk) == {"sync_configmaps_to_remote": {config}}
     services._services[KEY.namespace]._apply(WatchEvent("ADDED", SERVICE))  # its namespace's Service
+    assert woken(vk) == {"sync_configmaps_to_remote": {config}, "sync_services_to_remote": {tracking}}
     drain(vk)
 
     running = copy.deepcopy(pod)
@@ -69,20 +73,27 @@ async def test_only_a_pod_appearing_going_or_changing_its_spec_wakes_the_copiers
 
     debugged = copy.deepcopy(terminating)  # an ephemeral container, reading another ConfigMap
     debugged["metadata"]["resourceVersion"] = "48302"
-    debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox",
-                                                "envFrom": [{"configMapRef": {"name": "debug-env"}}]}]  # fmt: skip
+    env_from = [{"configMapRef": {"name": "debug-env"}}]
+    debugged["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "busybox", "envFrom": env_from}]
     vk.local._apply(WatchEvent("MODIFIED", debugged))
-    assert woken(vk) == {
-        "sync_configmaps_to_remote": {config, ObjectKey(KEY.namespace, "debug-env")},
-        "sync_services_to_remote": {tracking},
-    }
+    assert woken(vk) == {"sync_configmaps_to_remote": {config, debug_env}}
     drain(vk)
 
+    # a second pod of the namespace: the Service is copied already, its copy stays
+    other = copy.deepcopy(pod)
+    other["metadata"].update(name="finetune-llama-b7k4m", uid="another-uid")
+    vk.local._apply(WatchEvent("ADDED", other))
+    assert woken(vk) == {"sync_configmaps_to_remote": {config}}
+    drain(vk)
     vk.local._apply(WatchEvent("DELETED", debugged))
-    assert woken(vk) == {
-        "sync_configmaps_to_remote": {config, ObjectKey(KEY.namespace, "debug-env")},
-        "sync_services_to_remote": {tracking},
-    }
+    assert woken(vk) == {"sync_configmaps_to_remote": {config, debug_env}}
+    assert services._in_use(KEY.namespace)
+    drain(vk)
+
+    # the namespace's last pod on the node goes: its Service's copy goes too
+    vk.local._apply(WatchEvent("DELETED", other))
+    assert woken(vk) == {"sync_configmaps_to_remote": {config}, "sync_services_to_remote": {tracking}}
+    assert not services._in_use(KEY.namespace)
 
 
 def test_what_matters_to_copies_is_pure_and_reads_uid_and_spec_only() -> None:
