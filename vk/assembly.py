@@ -176,7 +176,7 @@ class PodSync:
     status: PodStatusReflector
     orphan_found: Callable[[ObjectKey], None] = lambda key: None
     """Called with the key of a twin found without its consumer pod (one left by a pod deleted
-    while no virtual kubelet ran): what was copied for it goes with the twin."""
+    while no virtual kubelet ran): its token Secret goes with the twin."""
 
     def add(self, key: ObjectKey) -> None:
         """Either pod of a pair changed: both directions look at it."""

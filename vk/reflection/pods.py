@@ -119,8 +119,8 @@ class PodReflector:
         )
 
     def still_in_sync(self, key: ObjectKey, change: Change, side: Literal["consumer", "twin"]) -> None:
-        """``change`` of one pod of the pair (``side``: which) cannot
-        matter to this reconciler (:func:`~vk.forge.pods.matters_to_twin_sync` said so): a pair
+        """``change`` of one pod of the pair (the one ``side`` names) cannot matter to this
+        reconciler (:func:`~vk.forge.pods.matters_to_twin_sync` said so): a pair
         found in sync stays so at the new version, and a resync does not pass over it again
         (issue 15: every twin bound and Running since its creation made every resync a pass over
         every pod)."""
