@@ -27,6 +27,22 @@ def tokenless(pod: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+async def written(pod: dict[str, Any]) -> VirtualKubelet:
+    """A virtual kubelet whose consumer pods are listed, ``pod`` among them, its token pass done."""
+    vk = VirtualKubelet()
+    vk.local.synced.set()
+    vk.local._apply(WatchEvent("ADDED", pod))
+    await vk.token.reconcile(KEY)
+    return vk
+
+
+def made_before(pod: dict[str, Any], vk: VirtualKubelet) -> dict[str, Any]:
+    """The twin of ``pod`` as a virtual kubelet that ran before this one made it."""
+    twin = remote_pod(pod, vk.pods.opts)
+    twin["metadata"].update(resourceVersion="31", uid="twin-uid")
+    return twin
+
+
 async def test_a_pod_without_a_token_volume_costs_no_secret_request_from_start_to_end() -> None:
     vk = VirtualKubelet()
     vk.local.synced.set()
@@ -51,22 +67,16 @@ async def test_a_pod_without_a_token_volume_costs_no_secret_request_from_start_t
 
 
 async def test_a_pod_with_a_token_volume_still_has_its_secret_written_and_deleted() -> None:
-    vk = VirtualKubelet()
-    vk.local.synced.set()
     pod = consumer_pod()
-    vk.local._apply(WatchEvent("ADDED", pod))
-    await vk.token.reconcile(KEY)
+    vk = await written(pod)
     vk.local._apply(WatchEvent("DELETED", pod))
     await vk.token.reconcile(KEY)
     assert vk.provider.writes == [("create", "secrets", None), ("delete", "secrets", None)]
 
 
 async def test_another_pod_of_the_name_without_a_token_volume_deletes_the_first_ones_secret() -> None:
-    vk = VirtualKubelet()
-    vk.local.synced.set()
     pod = consumer_pod()
-    vk.local._apply(WatchEvent("ADDED", pod))
-    await vk.token.reconcile(KEY)
+    vk = await written(pod)
     replaced = tokenless(pod)
     replaced["metadata"].update(uid="another-uid", resourceVersion="48400")
     vk.local._apply(WatchEvent("DELETED", pod))
@@ -80,8 +90,7 @@ async def test_another_pod_of_the_name_without_a_token_volume_deletes_the_first_
 async def test_an_orphan_twin_found_at_start_takes_its_token_secret_with_it() -> None:
     vk = VirtualKubelet()
     pod = consumer_pod()
-    twin = remote_pod(pod, vk.pods.opts)  # as a run before this one made it
-    twin["metadata"].update(resourceVersion="31", uid="twin-uid")
+    twin = made_before(pod, vk)
     # the twins are listed first; the consumer's pods are not listed yet: nothing is known
     vk.twins._apply(WatchEvent("ADDED", twin))
     assert KEY in vk.tokens.pending and KEY in vk.to_remote.pending
@@ -97,7 +106,6 @@ async def test_a_twin_listed_with_its_pod_there_wakes_no_token_pass() -> None:
     vk.local._apply(WatchEvent("ADDED", pod))
     vk.local.synced.set()
     vk.drain()
-    twin = remote_pod(pod, vk.pods.opts)
-    twin["metadata"].update(resourceVersion="31", uid="twin-uid")
+    twin = made_before(pod, vk)
     vk.twins._apply(WatchEvent("ADDED", twin))  # a twin made before a restart, its pod still there
     assert vk.pending()[2] == NONE
