@@ -298,13 +298,13 @@ def add_copiers(
 ) -> list[Copier]:
     """Tokens, ConfigMaps and Secrets (written before a twin is created too), and Services."""
     common: dict[str, Any] = {
-        "consumer": consumer, "provider": provider, "pods": local,
+        "consumer": consumer, "provider": provider,
         "consumer_id": settings.consumer_cluster_id, "twin_namespace_for": remote.twin_namespace_for,
         "queue_settings": settings.queue,
     }  # fmt: skip
     copiers: list[Copier] = []
-    if settings.service_account_tokens:
-        copiers.append(TokenReflector(**common))
+    if settings.service_account_tokens:  # the token pass reads the pod; the others get it with the change
+        copiers.append(TokenReflector(pods=local, **common))
     kinds = (CONFIGMAP, SECRET, CLAIM_TEMPLATE, CLAIM)
     copiers += [AccessoryReflector(kind, settings=settings.watch, **common) for kind in kinds]
     copiers.append(ServiceReflector(node=settings.effective_node_name, settings=settings.watch, **common))

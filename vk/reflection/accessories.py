@@ -68,7 +68,6 @@ class AccessoryReflector:
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         consumer_id: str,
         settings: WatchSettings | None = None,
@@ -78,7 +77,6 @@ class AccessoryReflector:
         self.resource = _RESOURCES[kind]
         self.consumer = consumer
         self.provider = provider
-        self.pods = pods
         self.twin_namespace_for = twin_namespace_for
         self.consumer_id = consumer_id
         self.settings = settings or WatchSettings()

@@ -52,7 +52,6 @@ class ServiceReflector:
         *,
         consumer: KubeClient,
         provider: KubeClient,
-        pods: Informer,
         twin_namespace_for: Callable[[str], str | None],
         consumer_id: str,
         node: str,
@@ -61,7 +60,6 @@ class ServiceReflector:
     ) -> None:
         self.consumer = consumer
         self.provider = provider
-        self.pods = pods
         self.twin_namespace_for = twin_namespace_for
         self.consumer_id = consumer_id
         self.node = node

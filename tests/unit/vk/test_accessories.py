@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from typing import Any
-
 from vk.forge.accessories import copy_differs, is_copyable, references, remote_copy
 
 
@@ -127,13 +125,9 @@ async def test_a_namespace_is_watched_for_a_kind_only_while_its_pods_name_one() 
             "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t"}]}},
     }  # fmt: skip
 
-    class Pods:
-        def get(self, key: ObjectKey) -> dict[str, Any] | None:
-            return pods.get(key)
-
     nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
     reflector = AccessoryReflector("resourceclaimtemplates", consumer=nowhere, provider=nowhere,
-                                   pods=Pods(), twin_namespace_for=lambda ns: None,  # type: ignore[arg-type]
+                                   twin_namespace_for=lambda ns: None,
                                    consumer_id="eu")  # fmt: skip
     try:
         reflector.pod_changed(ObjectKey("plain", "p"), pods[ObjectKey("plain", "p")])
