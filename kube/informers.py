@@ -308,9 +308,13 @@ class Informer:
             settings=self.settings,
             retry_permanent=self.retry_permanent,
         ):
-            for handler in self._event_handlers:
-                handler(item)
-            if isinstance(item, Listed):
-                self._relisted(item)
-            else:
-                self._apply(item)
+            self.receive(item)
+
+    def receive(self, item: WatchEvent | Listed) -> None:
+        """Take one item of the watch: its event handlers see it, then the store changes."""
+        for handler in self._event_handlers:
+            handler(item)
+        if isinstance(item, Listed):
+            self._relisted(item)
+        else:
+            self._apply(item)

@@ -25,7 +25,7 @@ from kube.informers import Change, Informer
 from kube.objects import GPUSLICES, NAMESPACES, ObjectKey, RawObject
 from kube.watching import Listed, watch_objects
 
-from .forge.labels import ORIGIN_NAMESPACE, ownership_labels
+from .forge.labels import ORIGIN_CLUSTER_ID, ORIGIN_NAMESPACE, ownership_labels
 from .forge.names import twin_namespace
 from .node.provider import ProviderView
 from .reflection.informers import twin_pods
@@ -116,6 +116,10 @@ class AdminSide(_TwinsRead):
         self.strategy = settings.namespace_strategy
         self.view = view
         self.twins = twin_pods(provider, self.consumer_id, name="provider-twins", settings=settings.watch)
+        # our twins count on the view's nodes from this watch, not from a second one of the view's
+        # (a pod labelled with our origin but not managed by gpuferry is in neither: not counted)
+        view.add_pod_source("twins", leave_out=f"{ORIGIN_CLUSTER_ID}!={self.consumer_id}")
+        self.twins.add_event_handler(lambda item: view.handle_pod(item, "twins"))
         self.informers: Sequence[Informer] = [self.twins]
         self.synced = self.twins.synced
         self._namespaces: set[str] = set()

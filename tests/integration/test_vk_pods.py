@@ -354,6 +354,46 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     assert twin["spec"]["nodeName"] == whole[0]
 
 
+async def test_a_running_twin_takes_its_room_so_the_next_pod_waits_on_the_consumer(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    provider_ns: str,
+) -> None:
+    """The virtual kubelet counts its own twins on the provider's nodes from its twin watch (its
+    watch of the provider's other pods leaves them out): with one idle node left, a pod's twin
+    takes it, and the next pod of that size is held with a reason instead of sent to wait."""
+    nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
+    free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
+    whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
+    assert whole, f"the test needs one idle H100 node; free now: {free}"
+    for name, room in free.items():  # every H100 node full but one
+        gpus = int(room.get("nvidia.com/gpu", 0))
+        if gpus and name != whole[0]:
+            blocker = pod(f"blocker-{name}", gpus, tolerate=False)
+            blocker["spec"]["nodeName"] = name
+            await provider_client.create(PODS, blocker, provider_ns)
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("first", 8), ns)
+    await wait_for(consumer_client, PODS, "first", running, namespace=ns, timeout=60)
+    twin = await provider_client.get(PODS, "first", vk.twin_ns(ns))
+    assert twin["spec"]["nodeName"] == whole[0]
+    await consumer_client.create(PODS, pod("second", 8), ns)
+    held = await wait_for(
+        consumer_client,
+        PODS,
+        "second",
+        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
+        namespace=ns,
+        timeout=20,
+    )
+    assert held["status"]["phase"] == "Pending"
+    with contextlib.suppress(NotFound):
+        await provider_client.get(PODS, "second", vk.twin_ns(ns))
+        raise AssertionError("the second pod got a twin, which could only wait on the provider")
+
+
 async def test_pod_without_the_toleration_never_lands_on_the_virtual_node(
     vk: VirtualKubelet, consumer_client: KubeClient, make_namespace: NamespaceFactory
 ) -> None:

@@ -90,7 +90,12 @@ class ProviderView:
         """Counts the changes of :attr:`nodes`: what is derived from the nodes alone (the GPU
         labels of the virtual node) is kept until it moves."""
         self._allocatable: dict[str, ResourceList] = {}
-        self._pods: dict[ObjectKey, tuple[str, ResourceList]] = {}
+        self._pods: dict[ObjectKey, tuple[str, ResourceList, str]] = {}
+        """Counted pod → its node, its request and the watch that feeds it (``""``: the view's own)."""
+        self.pod_label_selector: str | None = None
+        """The view's own pod watch leaves out what another watch feeds (:meth:`add_pod_source`)."""
+        self._unlisted: set[str] = {""}
+        """The pod watches not listed yet: what fits where is known once each was."""
         self._used: dict[str, ResourceList] = {}
         self._free: dict[str, ResourceList] = {}
         """Node name → allocatable less the requests of its pods, kept per node as they change."""
@@ -230,21 +235,40 @@ class ProviderView:
         old = self._pods.pop(key, None)
         if old is None:
             return False
-        node, request = old
+        node, request, _ = old
         self._used[node] = sub(self._used.get(node, {}), request)
         self._refresh_free(node)
         return True
 
-    def handle_pod(self, item: WatchEvent | Listed) -> None:
+    def add_pod_source(self, source: str, *, leave_out: str) -> None:
+        """Another watch feeds the view some pods (:meth:`handle_pod` with ``source``), and the
+        view's own pod watch leaves them out by the label selector ``leave_out``: the virtual
+        kubelet's twin informer, which receives every event of its twins anyway, feeds them, so
+        that the provider does not send each twin's events twice (issue 15: 2 of the 5.8 provider
+        watch events per pod). Call before the view's own watch starts."""
+        self.pod_label_selector = leave_out
+        self._unlisted.add(source)
+
+    def handle_pod(self, item: WatchEvent | Listed, source: str = "") -> None:
+        """A pod event or a relist from the watch ``source`` (``""``: the view's own).
+
+        A relist forgets only the pods that watch fed. A pod whose labels move it from one watch
+        to the other is counted once: the watch it enters takes it over, and the deletion the
+        one it leaves sends is ignored, whichever comes first."""
         if isinstance(item, Listed):
-            gone = [key for key in self._pods if key not in item.keys]
+            gone = [key for key, (_, _, by) in self._pods.items() if by == source and key not in item.keys]
             for key in gone:
                 self._forget_pod(key)
-            self.pods_synced.set()
+            self._unlisted.discard(source)
+            if not self._unlisted:
+                self.pods_synced.set()
             self._changed()
             return
         key = item.key
         pod = item.object
+        old = self._pods.get(key)
+        if item.type == "DELETED" and old is not None and old[2] != source:
+            return  # it moved to the other watch, which counts it now
         node = (pod.get("spec") or {}).get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         if item.type == "DELETED" or not node or phase in ("Succeeded", "Failed"):
@@ -256,14 +280,14 @@ class ProviderView:
         except ValueError as exc:
             logger.warning("provider Pod %s: unreadable requests (%s); not counted", key, exc)
             return
-        old = self._pods.get(key)
-        if old == (node, request):
+        if old == (node, request, source):
             return
         self._forget_pod(key)
-        self._pods[key] = (node, request)
+        self._pods[key] = (node, request, source)
         self._used[node] = add(self._used.get(node, {}), request)
         self._refresh_free(node)
-        self._changed()
+        if old is None or old[:2] != (node, request):
+            self._changed()
 
     # ---- fed from a grant (scoped identity) ------------------------------------------------------
 
@@ -337,7 +361,7 @@ class ProviderView:
         await self._watch(NODES, self.handle_node, label_selector=self.node_label_selector)
 
     async def watch_pods(self) -> None:
-        await self._watch(PODS, self.handle_pod, POD_FIELD_SELECTOR)
+        await self._watch(PODS, self.handle_pod, POD_FIELD_SELECTOR, self.pod_label_selector)
 
 
 def identity_keys(provider_id: str, node_name: str) -> frozenset[str]:

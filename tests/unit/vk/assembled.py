@@ -11,6 +11,7 @@ from kube.informers import Informer
 from kube.kubeconfigs import Connection
 from kube.objects import ObjectKey, Resource
 from kube.queueing import KeyedQueue
+from kube.watching import Listed
 from vk.assembly import assemble_virtual_kubelet
 from vk.reflection.pods import PodReflector
 from vk.reflection.podstatus import PodStatusReflector
@@ -97,7 +98,7 @@ class VirtualKubelet:
         self.pods.remote.provider = self.provider  # type: ignore[attr-defined]
         self.local: Informer = self.pods.local
         self.twins: Informer = self.pods.remote.twins  # type: ignore[attr-defined]
-        self.twins.synced.set()
+        self.twins.receive(Listed("0", frozenset()))  # no twins yet: what the first list says
 
     def drain(self) -> None:
         for queue in (self.to_remote, self.back, self.tokens):

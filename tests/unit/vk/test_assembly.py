@@ -12,11 +12,15 @@ from kube.kubeconfigs import Connection
 from kube.manager import Manager
 from kube.objects import ObjectKey
 from kube.settings import ProbeSettings
+from kube.watching import Listed, WatchEvent
 from vk.__main__ import parse_settings
 from vk.assembly import build_virtual_kubelet
+from vk.forge.labels import ownership_labels
 from vk.node.provider import ProviderView
 from vk.remote import AdminSide, TenantSide, remote_side
 from vk.settings import VirtualKubeletSettings
+
+from .builders import gpu_pod, node
 
 SETTINGS = VirtualKubeletSettings(
     consumer_kubeconfig=None,
@@ -84,6 +88,28 @@ def test_twin_namespaces_follow_the_identity() -> None:
     assert admin.twin_namespace_for("ml") == "ml-ml-eu1"  # by rule, made by the virtual kubelet
     assert tenant.twin_namespace_for("ml") is None  # until the provider made one on request
     assert not tenant.knows(ObjectKey("ml", "train-0"))  # not before its requests are listed
+
+
+def test_an_admin_counts_its_twins_on_the_provider_nodes_from_the_twin_watch() -> None:
+    """The twins' events reach the view through the twin informer, and the view's own pod watch
+    leaves them out: the provider sends each twin event once (issue 15)."""
+    view = ProviderView(provider=_client(), selector={}, settings=SETTINGS.watch)
+    admin = remote_side(SETTINGS, _client(), view)
+    assert isinstance(admin, AdminSide)
+    assert view.pod_label_selector == "gpuferry.io/origin-cluster-id!=ml-eu1"
+    view.handle_node(WatchEvent("ADDED", node("h100-0", gpus=8)))
+    view.handle_node(Listed("1", frozenset({ObjectKey(None, "h100-0")})))
+    view.handle_pod(Listed("1", frozenset()))  # the view's own watch: no other pods
+    assert not view.synced, "the twins are not listed yet"
+    twin = gpu_pod("train-0", "h100-0", gpus=3)
+    twin["metadata"]["namespace"] = "ml-ml-eu1"
+    twin["metadata"]["labels"] = ownership_labels("ml-eu1")
+    admin.twins.receive(WatchEvent("ADDED", twin))
+    admin.twins.receive(Listed("2", frozenset({ObjectKey.of(twin)})))
+    assert view.synced
+    assert view.per_node_free()["h100-0"]["nvidia.com/gpu"] == 5
+    admin.twins.receive(WatchEvent("DELETED", twin))
+    assert view.per_node_free()["h100-0"]["nvidia.com/gpu"] == 8
 
 
 def test_probes_are_served_where_the_flags_say() -> None:

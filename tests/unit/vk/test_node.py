@@ -474,6 +474,49 @@ def test_view_follows_pods_incrementally() -> None:
     assert gpus_of(view.per_node_free()) == {"h100-0": 8, "h100-1": 8}
 
 
+def test_view_fed_by_a_second_watch_counts_its_pods_and_relists_each_watch_apart() -> None:
+    """The twin informer feeds the view the twins, which the view's own watch leaves out: each
+    watch's relist forgets only what that watch fed, and the view is synced once both listed."""
+    view, _ = make_view(SELECTOR)
+    view.add_pod_source("twins", leave_out="gpuferry.io/origin-cluster-id!=cons")
+    assert view.pod_label_selector == "gpuferry.io/origin-cluster-id!=cons"
+    other, twin = gpu_pod("other", "h100-0", gpus=2), gpu_pod("twin", "h100-1", gpus=3)
+    feed(view, fleet(), [other])
+    assert not view.synced, "the twins are not listed yet"
+    view.handle_pod(WatchEvent("ADDED", twin), "twins")
+    view.handle_pod(listed(twin), "twins")
+    assert view.synced
+    assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 5}
+    view.handle_pod(listed(), "")  # the view's own relist: "other" was deleted meanwhile, "twin" stays
+    assert gpus_of(view.per_node_free()) == {"h100-0": 8, "h100-1": 5}
+    view.handle_pod(WatchEvent("ADDED", other))
+    view.handle_pod(listed(), "twins")  # and the twins' relist forgets only the twin
+    assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 8}
+
+
+def test_a_pod_that_moves_between_the_views_watches_is_counted_once() -> None:
+    """A twin whose labels someone changes leaves one watch (a deletion there) and enters the
+    other (an addition there), in either order: it is counted once, by the watch it entered."""
+    for entering_first in (True, False):
+        view, _ = make_view(SELECTOR)
+        view.add_pod_source("twins", leave_out="gpuferry.io/origin-cluster-id!=cons")
+        moved = gpu_pod("moved", "h100-0", gpus=2)
+        feed(view, fleet(), [])
+        view.handle_pod(WatchEvent("ADDED", moved), "twins")
+        view.handle_pod(listed(moved), "twins")
+        if entering_first:
+            view.handle_pod(WatchEvent("ADDED", moved))
+            view.handle_pod(WatchEvent("DELETED", moved), "twins")
+        else:
+            view.handle_pod(WatchEvent("DELETED", moved), "twins")
+            view.handle_pod(WatchEvent("ADDED", moved))
+        assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 8}, entering_first
+        view.handle_pod(listed(), "twins")  # the watch it left lists it no more: still counted
+        assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 8}, entering_first
+        view.handle_pod(WatchEvent("DELETED", moved))
+        assert gpus_of(view.per_node_free()) == {"h100-0": 8, "h100-1": 8}, entering_first
+
+
 def test_view_ignores_node_heartbeats_but_not_readiness() -> None:
     view, changes = make_view(SELECTOR)
     feed(view, fleet(), [])
@@ -601,7 +644,7 @@ def test_pods_asking_the_same_share_one_request() -> None:
     view, _ = make_view(SELECTOR)
     feed(view, fleet(), [gpu_pod("a", "h100-0", gpus=2), gpu_pod("b", "h100-1", gpus=2),
                          gpu_pod("c", "h100-1", gpus=1)])  # fmt: skip
-    requests = {key.name: request for key, (_, request) in view._pods.items()}
+    requests = {key.name: request for key, (_, request, _) in view._pods.items()}
     assert requests["a"] is requests["b"] and requests["a"] is not requests["c"]
     assert gpus_of(view.per_node_free()) == {"h100-0": 6, "h100-1": 5}  # shared, never changed
 
