@@ -8,7 +8,9 @@ that queues, caches and logs use.
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+import orjson
 
 __all__ = [
     "CLUSTERROLEBINDINGS",
@@ -52,6 +54,7 @@ __all__ = [
     "RawObject",
     "Resource",
     "annotations",
+    "copy_json",
     "labels",
     "meta",
     "resource_version",
@@ -237,3 +240,14 @@ def labels(obj: Mapping[str, Any]) -> dict[str, str]:
 def annotations(obj: Mapping[str, Any]) -> dict[str, str]:
     """``metadata.annotations`` (an empty dict when unset)."""
     return dict(meta(obj).get("annotations") or {})
+
+
+J = TypeVar("J")
+
+
+def copy_json(value: J) -> J:
+    """A deep copy of a JSON value (what the API server sends: dicts with string keys, lists,
+    strings, numbers, booleans, None), through orjson: ~5 µs for a pod's spec against ~33 µs
+    with ``copy.deepcopy``, which walks it in Python (issue 15). Tuples come back as lists."""
+    copied: J = orjson.loads(orjson.dumps(value))
+    return copied

@@ -36,12 +36,12 @@ What the twin keeps, drops and changes (each for a reason an operator can check)
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube.objects import copy_json
 from vk.forge import labels as lbl
 from vk.forge.names import NamespaceStrategy, node_name, twin_namespace
 from vk.forge.placement import forge_affinity, forge_node_selector, forge_tolerations
@@ -158,7 +158,7 @@ def _set_or_drop(mapping: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _forge_spec(local_spec: Mapping[str, Any], opts: ForgeOptions, pod_name: str = "") -> dict[str, Any]:
-    spec = copy.deepcopy(dict(local_spec))
+    spec = copy_json(dict(local_spec))
     for field in _DROPPED_SPEC_FIELDS:
         spec.pop(field, None)
     if not opts.keep_priority_class:

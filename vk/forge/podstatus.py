@@ -22,9 +22,10 @@ Three things are deliberately not copied:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
+
+from kube.objects import copy_json
 
 __all__ = [
     "MANAGED_STATUS_FIELDS",
@@ -133,7 +134,7 @@ def pending_explanation(
 
 
 def _without_generation(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: copy.deepcopy(v) for k, v in item.items() if k != "observedGeneration"}
+    return {k: copy_json(v) for k, v in item.items() if k != "observedGeneration"}
 
 
 def _conditions(remote_status: Mapping[str, Any], local: Mapping[str, Any] | None) -> list[dict[str, Any]]:
@@ -168,13 +169,13 @@ def local_status(
     """
     remote_status = remote.get("status") or {}
     status: dict[str, Any] = {
-        key: copy.deepcopy(remote_status[key]) for key in _COPIED if key in remote_status
+        key: copy_json(remote_status[key]) for key in _COPIED if key in remote_status
     }
     status.setdefault("phase", "Pending")
     status["conditions"] = _conditions(remote_status, local)
     for field in _CONTAINER_STATUSES:
         if remote_status.get(field):
-            status[field] = copy.deepcopy(remote_status[field])
+            status[field] = copy_json(remote_status[field])
     pod_ips = [entry["ip"] for entry in remote_status.get("podIPs") or () if entry.get("ip")]
     if not pod_ips and remote_status.get("podIP"):
         pod_ips = [remote_status["podIP"]]

@@ -10,6 +10,7 @@ from kube.objects import (
     NAMESPACES,
     ObjectKey,
     annotations,
+    copy_json,
     labels,
     meta,
     resource_version,
@@ -58,3 +59,15 @@ def test_keys() -> None:
         {"a": "2"},
     )
     assert meta({}) == {} and uid({}) is None and labels({"metadata": {}}) == {}
+
+
+def test_copy_json_is_a_deep_copy_equal_to_the_original() -> None:
+    spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "nodeSelector": {"a": "b"}, "priority": 7, "hostNetwork": False, "x": None}  # fmt: skip
+    copied = copy_json(spec)
+    assert copied == spec
+    copied["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "2"
+    copied["nodeSelector"]["a"] = "c"
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert spec["nodeSelector"] == {"a": "b"}
+    assert copy_json({"t": ("a", "b")}) == {"t": ["a", "b"]}  # JSON has lists only
