@@ -172,6 +172,19 @@ def running(p: RawObject) -> bool:
     return p.get("status", {}).get("phase") == "Running"
 
 
+async def h100_room(provider_client: KubeClient, timeout: float = 60) -> dict[str, dict[str, Any]]:
+    """The free room of each H100 node once one of them is idle (8 GPUs free), or as it is after
+    ``timeout``: an earlier test's pods leave with its namespace, which is deleted at its end
+    but goes on its own time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
+        free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
+        if any(room.get("nvidia.com/gpu", 0) == 8 for room in free.values()) or time.monotonic() > deadline:
+            return free
+        await asyncio.sleep(0.5)
+
+
 async def test_deployment_runs_as_twins_on_provider_gpu_nodes_and_scales_to_zero(
     vk: VirtualKubelet,
     consumer_client: KubeClient,
@@ -319,8 +332,7 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     provider_ns: str,
 ) -> None:
     # fill every H100 node with a blocker (bound directly, as a kubelet would see it)
-    nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
-    free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
+    free = await h100_room(provider_client)
     whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
     assert whole, f"the test needs one idle H100 node; free now: {free}"
     for name, room in free.items():
@@ -364,8 +376,7 @@ async def test_a_running_twin_takes_its_room_so_the_next_pod_waits_on_the_consum
     """The virtual kubelet counts its own twins on the provider's nodes from its twin watch (its
     watch of the provider's other pods leaves them out): with one idle node left, a pod's twin
     takes it, and the next pod of that size is held with a reason instead of sent to wait."""
-    nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
-    free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
+    free = await h100_room(provider_client)
     whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
     assert whole, f"the test needs one idle H100 node; free now: {free}"
     for name, room in free.items():  # every H100 node full but one

@@ -4,6 +4,8 @@
 namespace: the free room of a node depends on every pod on it, not only our twins) and keeps
 small projections: per node, its labels, taints, readiness and allocatable; per pod, its node
 and effective request (:func:`vk.forge.fit.placement_request`), summed per node as it changes.
+Where the virtual kubelet watches its twins anyway, that watch feeds them in
+(:meth:`ProviderView.add_pod_source`) and the view's own pod watch leaves them out.
 Answers are computed from those, never by walking every pod again. The free room of each node is
 kept as pods come and go (a pod changes one node's entry, not every node's), and the nodes a pod's
 selector and tolerations may land on are kept per selector and tolerations until a node changes:
