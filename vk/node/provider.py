@@ -21,8 +21,10 @@ theirs; the provider's scheduler then keeps one Pending, as it would for any pod
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -67,6 +69,15 @@ def _project_node(node: Mapping[str, Any]) -> RawObject:
     }
 
 
+@dataclass
+class _Eligible:
+    """The nodes a pod with ``selector`` and ``tolerations`` may land on, sorted by name."""
+
+    selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+    names: list[str]
+
+
 class ProviderView:
     """Provider nodes and the room left on each (see the module docstring)."""
 
@@ -89,8 +100,11 @@ class ProviderView:
         self.ignored_selector_keys = ignored_selector_keys
         self.nodes: dict[str, RawObject] = {}
         self.nodes_version = 0
-        """Counts the changes of :attr:`nodes`: what is derived from the nodes alone (the GPU
-        labels of the virtual node) is kept until it moves."""
+        """Counts the changes of the nodes' labels and allocatable (nodes coming and going too):
+        what is derived from those alone (the GPU labels of the virtual node) is kept until it
+        moves. Readiness, taints and cordons do not move it: on a provider of a thousand nodes
+        they change every few seconds somewhere (issue 15: the GPU labels, recomputed over every
+        node at each Node update of a 10,000-pod burst, were 6 % of the virtual kubelet's CPU)."""
         self._allocatable: dict[str, ResourceList] = {}
         self._pods: dict[ObjectKey, tuple[str, ResourceList, str]] = {}
         """Counted pod → its node, its request and the watch that feeds it (``""``: the view's own)."""
@@ -102,9 +116,9 @@ class ProviderView:
         self._free: dict[str, ResourceList] = {}
         """Node name → allocatable less the requests of its pods, kept per node as they change."""
         self._requests: dict[tuple[tuple[str, Decimal], ...], ResourceList] = {}
-        self._eligible: dict[tuple[object, ...], list[str]] = {}
-        """(selector, tolerations) → the sorted names of the nodes a pod with them may land on
-        (cleared when a node changes)."""
+        self._eligible: dict[tuple[object, ...], _Eligible] = {}
+        """(selector, tolerations) → the sorted names of the nodes a pod with them may land on,
+        kept as nodes change (each change looks at that node only)."""
         self.nodes_synced = asyncio.Event()
         self.not_granted: str | None = None
         """Why the grant has no node now (fed from a GPUSlice that is not granted), for the
@@ -118,15 +132,17 @@ class ProviderView:
 
     # ---- answers -------------------------------------------------------------------------------
 
-    def _eligible_names(self, selector: Mapping[str, str], tolerations: list[Mapping[str, Any]]) -> list[str]:
+    def _eligible_names(
+        self, selector: Mapping[str, str], tolerations: Sequence[Mapping[str, Any]]
+    ) -> list[str]:
         """The sorted names of the Ready, uncordoned nodes ``selector`` picks and whose taints
-        ``tolerations`` tolerate, cached until a node changes."""
+        ``tolerations`` tolerate, kept as nodes change."""
         key = (
             tuple(sorted(selector.items())),
             tuple(tuple(sorted((str(k), str(v)) for k, v in t.items())) for t in tolerations),
         )
-        names = self._eligible.get(key)
-        if names is None:
+        eligible = self._eligible.get(key)
+        if eligible is None:
             if len(self._eligible) >= _ELIGIBLE_CACHE:
                 self._eligible.clear()  # many distinct selectors: start over rather than grow
             names = sorted(
@@ -134,8 +150,24 @@ class ProviderView:
                 for name, node in self.nodes.items()
                 if unschedulable_reason(node, selector=selector, tolerations=tolerations) is None
             )
-            self._eligible[key] = names
-        return names
+            eligible = self._eligible[key] = _Eligible(dict(selector), [dict(t) for t in tolerations], names)
+        return eligible.names
+
+    def _node_eligibility_changed(self, name: str) -> None:
+        """Keep every kept list of eligible nodes right for the node ``name``, which changed or
+        went: one node looked at per kept list, where recomputing a list looked at every node."""
+        node = self.nodes.get(name)
+        for eligible in self._eligible.values():
+            names = eligible.names
+            at = bisect.bisect_left(names, name)
+            listed = at < len(names) and names[at] == name
+            fits = node is not None and unschedulable_reason(
+                node, selector=eligible.selector, tolerations=eligible.tolerations
+            ) is None
+            if listed and not fits:
+                del names[at]
+            elif fits and not listed:
+                names.insert(at, name)
 
     def per_node_free(
         self, *, selector: Mapping[str, str] | None = None, tolerations: list[Mapping[str, Any]] | None = None
@@ -150,9 +182,11 @@ class ProviderView:
         """Per resource, the largest amount free on one schedulable picked node (the grant's
         tolerations only)."""
         largest: ResourceList = {}
-        for free in self.per_node_free().values():
-            for name, amount in free.items():
-                largest[name] = max(largest.get(name, Decimal(0)), amount, Decimal(0))
+        zero = Decimal(0)
+        for node in self._eligible_names(self.selector, self.tolerations):  # no copies: read only
+            for name, amount in self._free.get(node, {}).items():
+                current = largest.get(name, zero)
+                largest[name] = amount if amount > current else current
         return largest
 
     def fit(self, pod: Mapping[str, Any]) -> FitResult:
@@ -184,9 +218,14 @@ class ProviderView:
     def _changed(self) -> None:
         self.on_change()
 
-    def _node_changed(self) -> None:
-        self.nodes_version += 1
-        self._eligible.clear()
+    def _node_changed(self, name: str | None = None, *, labels_moved: bool = True) -> None:
+        """A node changed (``name``; None: any may have, after a relist)."""
+        if labels_moved:
+            self.nodes_version += 1
+        if name is None:
+            self._eligible.clear()
+        else:
+            self._node_eligibility_changed(name)
         self._changed()
 
     def _refresh_free(self, node: str) -> None:
@@ -208,10 +247,11 @@ class ProviderView:
             if self.nodes.pop(name, None) is not None:
                 self._allocatable.pop(name, None)
                 self._free.pop(name, None)
-                self._node_changed()
+                self._node_changed(name)
             return
         projected = _project_node(item.object)
-        if self.nodes.get(name) != projected:
+        old = self.nodes.get(name)
+        if old != projected:
             self.nodes[name] = projected
             try:
                 self._allocatable[name] = parse_resource_list(projected["status"]["allocatable"])
@@ -219,7 +259,11 @@ class ProviderView:
                 logger.warning("provider Node %s: unreadable allocatable (%s); counted as empty", name, exc)
                 self._allocatable[name] = {}
             self._refresh_free(name)
-            self._node_changed()
+            moved = old is None or any(
+                old[part][field] != projected[part][field]
+                for part, field in (("metadata", "labels"), ("status", "allocatable"))
+            )
+            self._node_changed(name, labels_moved=moved)
 
     def _shared(self, request: ResourceList) -> ResourceList:
         """One dict per distinct request: pods of a Job ask for the same, and ten thousand

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from decimal import Decimal
 from typing import Any
 
@@ -530,6 +531,59 @@ def test_view_ignores_node_heartbeats_but_not_readiness() -> None:
     assert set(view.per_node_free()) == {"h100-1"}
     view.handle_node(WatchEvent("DELETED", node("h100-1", labels=H100)))
     assert view.per_node_free() == {}
+
+
+def test_view_nodes_version_moves_with_labels_and_allocatable_not_readiness() -> None:
+    """The virtual node's GPU labels are derived from the nodes' labels and allocatable only:
+    a node going NotReady, tainted or cordoned (every few seconds somewhere, on a large provider)
+    does not make them be computed again."""
+    view, _ = make_view(SELECTOR)
+    feed(view, fleet(), [])
+    version = view.nodes_version
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels=H100, ready=False)))
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels=H100, unschedulable=True,
+                                                 taints=[{"key": "k", "effect": "NoSchedule"}])))  # fmt: skip
+    assert view.nodes_version == version
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels=H100, gpus=4)))
+    assert view.nodes_version == version + 1
+    view.handle_node(WatchEvent("MODIFIED", node("h100-0", labels={**H100, "extra": "x"}, gpus=4)))
+    assert view.nodes_version == version + 2
+    view.handle_node(WatchEvent("ADDED", node("h100-9", labels=H100)))
+    view.handle_node(WatchEvent("DELETED", node("h100-9", labels=H100)))
+    assert view.nodes_version == version + 4
+
+
+def test_view_eligible_nodes_kept_as_nodes_change_match_a_fresh_view() -> None:
+    """The nodes a pod may land on are kept per selector and tolerations and updated one node
+    at a time: after many changes of readiness, taints, cordons and labels, they are what a view
+    fed only the final nodes finds."""
+    rng = random.Random(15)
+    taint = {"key": "nvidia.com/gpu", "effect": "NoSchedule"}
+    toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    view, _ = make_view(SELECTOR)
+    feed(view, [node(f"h100-{i}", labels=H100) for i in range(20)], [])
+    asked = [({}, []), ({"zone": "a"}, []), ({}, [toleration])]
+
+    def answers(v: ProviderView) -> list[list[str]]:
+        return [sorted(v.per_node_free(selector=sel, tolerations=tol)) for sel, tol in asked]
+
+    answers(view)  # kept from here on
+    final: dict[str, dict[str, Any] | None] = {f"h100-{i}": node(f"h100-{i}", labels=H100) for i in range(20)}
+    for _ in range(400):
+        name = f"h100-{rng.randrange(24)}"
+        if rng.random() < 0.1:
+            view.handle_node(WatchEvent("DELETED", node(name, labels=H100)))
+            final[name] = None
+            continue
+        changed = node(name, labels={**H100, **({"zone": "a"} if rng.random() < 0.5 else {})},
+                       ready=rng.random() < 0.8, unschedulable=rng.random() < 0.2,
+                       taints=[taint] if rng.random() < 0.3 else None)  # fmt: skip
+        view.handle_node(WatchEvent("MODIFIED", changed))
+        final[name] = changed
+    fresh, _ = make_view(SELECTOR)
+    feed(fresh, [n for n in final.values() if n is not None], [])
+    assert answers(view) == answers(fresh)
+    assert any(answers(view)), "the changes left some node eligible"
 
 
 def test_view_fit_is_fit_not_sum() -> None:
