@@ -8,10 +8,11 @@ Where the virtual kubelet watches its twins anyway, that watch feeds them in
 (:meth:`ProviderView.add_pod_source`) and the view's own pod watch leaves them out.
 Answers are computed from those, never by walking every pod again. The free room of each node is
 kept as pods come and go (a pod changes one node's entry, not every node's), and the nodes a pod's
-selector and tolerations may land on are kept per selector and tolerations until a node changes:
-the fit of one pod is a scan of those nodes' free room that stops at the first that fits, which
-keeps the gate cheap in a burst of ten thousand pods (issue 15: recomputing every node's free room
-and selector match for every pod made a burst quadratic, 57 ms of CPU per pod at 10,000).
+selector and tolerations may land on are kept per selector and tolerations, a node's change
+updating them for that node alone: the fit of one pod is a scan of those nodes' free room that
+stops at the first that fits, which keeps the gate cheap in a burst of ten thousand pods (issue
+15: recomputing every node's free room and selector match for every pod made a burst quadratic,
+57 ms of CPU per pod at 10,000).
 
 The view is advisory: a twin created a moment ago is counted once the provider's watch reports
 it bound, so two pods fitted in the same instant may both be told that the last free block is
@@ -104,7 +105,8 @@ class ProviderView:
         what is derived from those alone (the GPU labels of the virtual node) is kept until it
         moves. Readiness, taints and cordons do not move it: on a provider of a thousand nodes
         they change every few seconds somewhere (issue 15: the GPU labels, recomputed over every
-        node at each Node update of a 10,000-pod burst, were 6 % of the virtual kubelet's CPU)."""
+        node at each Node update of a 10,000-pod burst, were 6 % of the virtual kubelet's py-spy
+        samples)."""
         self._allocatable: dict[str, ResourceList] = {}
         self._pods: dict[ObjectKey, tuple[str, ResourceList, str]] = {}
         """Counted pod → its node, its request and the watch that feeds it (``""``: the view's own)."""
