@@ -185,6 +185,34 @@ async def h100_room(provider_client: KubeClient, timeout: float = 60) -> dict[st
         await asyncio.sleep(0.5)
 
 
+async def fill_h100_nodes(provider_client: KubeClient, namespace: str, *, but_one: bool = False) -> str:
+    """Fill the H100 nodes with blockers (bound directly, as a kubelet would see them), all of
+    them or all but one; returns the name of a node that was idle (the one left, with
+    ``but_one``)."""
+    free = await h100_room(provider_client)
+    whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
+    assert whole, f"the test needs one idle H100 node; free now: {free}"
+    for name, room in free.items():
+        gpus = int(room.get("nvidia.com/gpu", 0))
+        if gpus and not (but_one and name == whole[0]):
+            blocker = pod(f"blocker-{name}", gpus, tolerate=False)
+            blocker["spec"]["nodeName"] = name
+            await provider_client.create(PODS, blocker, namespace)
+    return whole[0]
+
+
+async def held_for_capacity(consumer_client: KubeClient, name: str, namespace: str) -> RawObject:
+    """The consumer pod ``name`` once the virtual kubelet holds it for want of provider room."""
+    return await wait_for(
+        consumer_client,
+        PODS,
+        name,
+        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
+        namespace=namespace,
+        timeout=20,
+    )
+
+
 async def test_deployment_runs_as_twins_on_provider_gpu_nodes_and_scales_to_zero(
     vk: VirtualKubelet,
     consumer_client: KubeClient,
@@ -299,14 +327,7 @@ async def test_pod_larger_than_any_provider_node_gets_a_clear_answer(
     # the virtual node shows 16 GPUs, but no single H100 node has more than 8
     ns = await make_namespace(consumer_client)
     await consumer_client.create(PODS, pod("too-big", 12), ns)
-    gated = await wait_for(
-        consumer_client,
-        PODS,
-        "too-big",
-        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
-        namespace=ns,
-        timeout=15,
-    )
+    gated = await held_for_capacity(consumer_client, "too-big", ns)
     assert gated["spec"]["nodeName"] == vk.node
     assert gated["status"]["phase"] == "Pending"
     assert "12 nvidia.com/gpu" in gated["status"]["message"]
@@ -331,30 +352,14 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     make_namespace: NamespaceFactory,
     provider_ns: str,
 ) -> None:
-    # fill every H100 node with a blocker (bound directly, as a kubelet would see it)
-    free = await h100_room(provider_client)
-    whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
-    assert whole, f"the test needs one idle H100 node; free now: {free}"
-    for name, room in free.items():
-        gpus = int(room.get("nvidia.com/gpu", 0))
-        if gpus:
-            blocker = pod(f"blocker-{name}", gpus, tolerate=False)
-            blocker["spec"]["nodeName"] = name
-            await provider_client.create(PODS, blocker, provider_ns)
+    idle = await fill_h100_nodes(provider_client, provider_ns)  # every H100 node full
     ns = await make_namespace(consumer_client)
     await consumer_client.create(PODS, pod("eight", 8), ns)
-    gated = await wait_for(
-        consumer_client,
-        PODS,
-        "eight",
-        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
-        namespace=ns,
-        timeout=20,
-    )
+    gated = await held_for_capacity(consumer_client, "eight", ns)
     assert gated["status"]["phase"] == "Pending"
 
     # room appears: the gate opens on the provider's watch, not on the 30 s retry timer
-    await provider_client.delete(PODS, f"blocker-{whole[0]}", provider_ns, grace_period_seconds=0)
+    await provider_client.delete(PODS, f"blocker-{idle}", provider_ns, grace_period_seconds=0)
     freed = time.monotonic()
     started = await wait_for(consumer_client, PODS, "eight", running, namespace=ns, timeout=60)
     waited = time.monotonic() - freed
@@ -363,7 +368,7 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     )
     assert "reason" not in started["status"], "the ProviderCapacity reason is cleared once running"
     twin = await provider_client.get(PODS, "eight", vk.twin_ns(ns))
-    assert twin["spec"]["nodeName"] == whole[0]
+    assert twin["spec"]["nodeName"] == idle
 
 
 async def test_a_running_twin_takes_its_room_so_the_next_pod_waits_on_the_consumer(
@@ -376,29 +381,14 @@ async def test_a_running_twin_takes_its_room_so_the_next_pod_waits_on_the_consum
     """The virtual kubelet counts its own twins on the provider's nodes from its twin watch (its
     watch of the provider's other pods leaves them out): with one idle node left, a pod's twin
     takes it, and the next pod of that size is held with a reason instead of sent to wait."""
-    free = await h100_room(provider_client)
-    whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
-    assert whole, f"the test needs one idle H100 node; free now: {free}"
-    for name, room in free.items():  # every H100 node full but one
-        gpus = int(room.get("nvidia.com/gpu", 0))
-        if gpus and name != whole[0]:
-            blocker = pod(f"blocker-{name}", gpus, tolerate=False)
-            blocker["spec"]["nodeName"] = name
-            await provider_client.create(PODS, blocker, provider_ns)
+    idle = await fill_h100_nodes(provider_client, provider_ns, but_one=True)
     ns = await make_namespace(consumer_client)
     await consumer_client.create(PODS, pod("first", 8), ns)
     await wait_for(consumer_client, PODS, "first", running, namespace=ns, timeout=60)
     twin = await provider_client.get(PODS, "first", vk.twin_ns(ns))
-    assert twin["spec"]["nodeName"] == whole[0]
+    assert twin["spec"]["nodeName"] == idle
     await consumer_client.create(PODS, pod("second", 8), ns)
-    held = await wait_for(
-        consumer_client,
-        PODS,
-        "second",
-        lambda p: p.get("status", {}).get("reason") == "ProviderCapacity",
-        namespace=ns,
-        timeout=20,
-    )
+    held = await held_for_capacity(consumer_client, "second", ns)
     assert held["status"]["phase"] == "Pending"
     with contextlib.suppress(NotFound):
         await provider_client.get(PODS, "second", vk.twin_ns(ns))
