@@ -23,15 +23,15 @@ from typing import Any
 
 from kube.api import PROVIDER_LABEL
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
+from kube.errors import NotFound
 from kube.objects import (
     NAMESPACES,
-    PODS,
     RawObject,
 )
 
 from .. import flow
-from ..admission import OFFLOADING_NAME, TAINT_KEY, admission_objects
+from ..admission import OFFLOADING_NAME, admission_objects
+from ..admissionprobe import admission_in_effect
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition
 from ..crds import ensure_crds
@@ -55,33 +55,15 @@ async def ensure_admission(client: KubeClient) -> None:
         )
 
 
-async def wait_admission_effective(client: KubeClient, namespace: str, timeout: float) -> None:
-    """Until the API server applies the policy to pods of ``namespace``.
-
-    The admission plugin learns of policies and their parameters through informers: for a moment
-    after they are written, a new pod is admitted unchanged (and, without the toleration, never
-    lands on a virtual node). A dry-run pod shows when the rule is live, so that "offloaded"
-    means the very next ``kubectl create`` is offloaded.
-    """
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "gpuferry-offload-probe-"},
-        "spec": {"containers": [{"name": "probe", "image": "probe"}]},
-    }
+async def wait_admission_effective(client: KubeClient, namespace: str, strategy: str, timeout: float) -> None:
+    """Until the API server applies the rule to pods of ``namespace``
+    (:mod:`peering.admissionprobe`); the consumer agent says Ready only then, and an older agent
+    may not."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        try:
-            admitted = await client.create(PODS, probe, namespace, dry_run=True)
-            if any(t.get("key") == TAINT_KEY for t in admitted["spec"].get("tolerations") or []):
-                return
-        except KubeError as exc:  # e.g. the namespace's default ServiceAccount is not there yet
-            last = str(exc)
-        else:
-            last = "pods are still admitted without the virtual-node toleration"
+    while (why := await admission_in_effect(client, namespace, strategy)) is not None:
         if asyncio.get_running_loop().time() > deadline:
             raise UserError(
-                f"namespace {namespace}: the offloading rule is not in effect after {timeout:.0f}s ({last})"
+                f"namespace {namespace}: the offloading rule is not in effect after {timeout:.0f}s ({why})"
             )
         await asyncio.sleep(0.2)
 
@@ -195,7 +177,7 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         remote = (done.get("status") or {}).get("remoteNamespaces") or []
         for entry in remote:
             progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} ready")
-        await wait_admission_effective(consumer, ns, args.timeout)
+        await wait_admission_effective(consumer, ns, args.pod_offloading_strategy, args.timeout)
         progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy}); new pods are eligible")
     result = {
         "namespace": ns,

@@ -11,7 +11,11 @@ keyed by its namespace, the controller:
 3. asks each for the twin namespace, with the consumer's own identity on that provider (a
    NamespaceOffloading in its tenant namespace), and withdraws it from providers no longer picked;
 4. writes ``status``: each provider's twin namespace and phase, a phase over all of them
-   (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition.
+   (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition. Ready
+   is written once a dry-run pod shows that the API server applies the policy to the namespace's
+   pods (:mod:`peering.admissionprobe`): the policy and its parameter reach the admission plugin
+   through informers, and a pod created a moment too early would never be offloaded. (A pod
+   created just after ``clusterSelector`` changes may still get the former providers.)
 
 Deleting it (finalizer ``offloading.gpuferry.io/release``) removes the namespace's pods that run on
 virtual nodes (their twins go first) and withdraws every twin namespace; pods on local nodes stay.
@@ -40,6 +44,7 @@ from kube.patching import patch_changes
 from kube.reconciling import Requeue
 
 from ..admission import OFFLOADING_NAME, admission_objects
+from ..admissionprobe import admission_in_effect
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition, set_condition
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
@@ -114,6 +119,17 @@ def pending_retry(passes: int) -> float:
     down made every offloading pass every second (each pass ~9 requests on both clusters).
     Pure."""
     return min(PENDING_RETRY_MAX, 2.0 ** max(0, passes - 1))
+
+
+def _ready_at(obj: RawObject) -> bool:
+    """Whether ``obj``'s status says Ready for its current generation. Pure."""
+    cond = find_condition((obj.get("status") or {}).get("conditions"), "Ready")
+    return (
+        (obj.get("status") or {}).get("phase") == "Ready"
+        and cond is not None
+        and cond.get("status") == "True"
+        and cond.get("observedGeneration") == meta(obj).get("generation")
+    )
 
 
 def overall_phase(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -201,11 +217,20 @@ class NamespaceOffloadingReconciler:
             "NoClusterSelected": "no peered provider is selected",
             "Pending": "waiting for the twin namespaces",
         }.get(phase, "; ".join(failed))
+        reason = phase
+        if phase == "Ready" and not _ready_at(obj):
+            # Ready means the very next pod is offloaded: not before the API server applies the
+            # rule (a policy written a moment ago is not, issue 15's CI run of stop 27)
+            why = await admission_in_effect(self.consumer, key.namespace, spec.get("podOffloadingStrategy"))
+            if why is not None:
+                phase, reason = "Pending", "AdmissionPending"
+                message = f"waiting for the API server to apply the offloading rule: {why}"
+                status["phase"] = phase
         status["conditions"] = set_condition(
             status.get("conditions"),
             "Ready",
             phase == "Ready",
-            phase,
+            reason,
             message,
             generation=meta(obj).get("generation"),
         )

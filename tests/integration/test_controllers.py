@@ -34,9 +34,19 @@ import yaml
 from hack.localcluster import LocalCluster
 from kube.api import SYSTEM_NAMESPACE, tenant_namespace, virtual_node_name
 from kube.clients import KubeClient
-from kube.errors import NotFound
-from kube.objects import FOREIGNCLUSTERS, LEASES, NAMESPACES, NODES, PEERNETWORKS, PODS, RawObject
-from peering.admission import BINDING_NAME, POLICY_NAME, VALIDATION_NAME
+from kube.errors import Invalid, NotFound
+from kube.objects import (
+    FOREIGNCLUSTERS,
+    LEASES,
+    NAMESPACEOFFLOADINGS,
+    NAMESPACES,
+    NODES,
+    PEERNETWORKS,
+    PODS,
+    RawObject,
+)
+from peering.admission import BINDING_NAME, POLICY_NAME, TAINT_KEY, VALIDATION_NAME
+from peering.admissionprobe import PROBE_PREFIX, probe_pod
 from peering.clusterid import read_cluster_id
 from peering.consumer.app import LEASE_NAME as CONSUMER_LEASE
 from peering.provider.builders import peering_token_manifests
@@ -264,6 +274,51 @@ async def peers(
                      VALIDATION_NAME, "--ignore-not-found")  # fmt: skip
 
 
+REFUSE = "refuse-probes"
+
+
+def _refuse_probes(namespace: str) -> list[RawObject]:
+    """A ValidatingAdmissionPolicy that refuses gpuferry's dry-run probe pods in ``namespace``."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": REFUSE},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                    "operations": ["CREATE"], "resources": ["pods"]}]},
+            "validations": [{"expression": "!has(object.metadata.generateName) || "
+                                           f"!object.metadata.generateName.startsWith('{PROBE_PREFIX}')",
+                             "message": "no dry-run probes here"}],
+        },
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": REFUSE},
+        "spec": {
+            "policyName": REFUSE,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    return [policy, binding]
+
+
+async def _until_probes_refused(client: KubeClient, namespace: str) -> None:
+    """Until the API server applies :func:`_refuse_probes` (policies reach it by informer)."""
+    for _ in range(100):
+        try:
+            await client.create(PODS, probe_pod(), namespace, dry_run=True)
+        except Invalid as e:  # a ValidatingAdmissionPolicy's denial is 422
+            assert "no dry-run probes here" in str(e)
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the probe-refusing policy never took effect")
+
+
 def _api_server(cluster: LocalCluster) -> tuple[str, str]:
     """The API server's URL and CA (base64), as the provider's admin hands them over."""
     return cluster.spec.server, base64.b64encode((cluster.spec.pki_dir / "ca.crt").read_bytes()).decode()
@@ -332,6 +387,10 @@ async def test_kubectl_apply_alone_peers_and_offloads(
 
     # a namespace offloaded by its NamespaceOffloading alone; a GPU pod there runs on the provider
     work = "ctl-work"
+    # no admission policy yet: the controller writes it now, and the API server applies a policy
+    # only after its informers and a compile (up to a second or more on a busy machine)
+    consumer.kubectl("delete", "mutatingadmissionpolicybinding", BINDING_NAME, "--ignore-not-found")
+    consumer.kubectl("delete", "mutatingadmissionpolicy", POLICY_NAME, "--ignore-not-found")
     consumer.kubectl("create", "namespace", work)
     try:
         offloading = {
@@ -340,12 +399,29 @@ async def test_kubectl_apply_alone_peers_and_offloads(
             "metadata": {"name": "offloading", "namespace": work},
             "spec": {"podOffloadingStrategy": "LocalAndRemote", "namespaceMappingStrategy": "DefaultName"},
         }
+        # a rule of the namespace refuses the dry-run pod that shows the offloading rule live: the
+        # offloading is not Ready, and says why
+        consumer.kubectl("apply", "-f", "-", input=_render(_refuse_probes(work)))
+        await _until_probes_refused(consumer_client, work)
         consumer.kubectl("apply", "-f", "-", input=json.dumps(offloading))
+        reason = "jsonpath={.status.conditions[?(@.type=='Ready')].reason}"
+        consumer.kubectl("-n", work, "wait", "namespaceoffloading/offloading", "--timeout=60s",
+                         f"--for={reason}=AdmissionPending")  # fmt: skip
+        held = await consumer_client.get(NAMESPACEOFFLOADINGS, "offloading", work)
+        assert held["status"]["phase"] == "Pending"
+        assert "no dry-run probes here" in condition(held, "Ready")["message"]  # type: ignore[index]
+        consumer.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", REFUSE)
         consumer.kubectl("-n", work, "wait", "namespaceoffloading/offloading", "--for=condition=Ready",
                          "--timeout=60s")  # fmt: skip
         status = json.loads(
             consumer.kubectl("-n", work, "get", "namespaceoffloading", "offloading", "-o", "json")
         )
+        # Ready means the very next pod is offloaded (CI, stop 27: a pod created just after
+        # Ready was admitted without the virtual node's toleration and stayed Pending)
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "first"},
+                 "spec": {"containers": [{"name": "c", "image": "cuda"}]}}  # fmt: skip
+        admitted = await consumer_client.create(PODS, probe, work, dry_run=True)
+        assert TAINT_KEY in [t.get("key") for t in admitted["spec"].get("tolerations") or []], admitted
         (remote,) = status["status"]["remoteNamespaces"]
         assert remote["clusterID"] == provider_id and remote["phase"] == "Ready"
         twin_ns = remote["remoteNamespace"]
@@ -382,6 +458,8 @@ async def test_kubectl_apply_alone_peers_and_offloads(
                                namespace=work, timeout=30)  # fmt: skip
         assert again["metadata"]["uid"] == running["metadata"]["uid"]
     finally:
+        consumer.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", REFUSE,
+                         "--ignore-not-found")  # fmt: skip
         consumer.kubectl("delete", "namespace", work, "--wait=false")
     # deleting the ForeignCluster undoes the peering on this side: virtual node, slice, identity
     consumer.kubectl("delete", "foreigncluster", provider_id, "--timeout=120s")

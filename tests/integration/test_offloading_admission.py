@@ -11,15 +11,17 @@ from typing import Any
 import pytest
 
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import Forbidden, NotFound
 from kube.objects import (
     MUTATINGADMISSIONPOLICIES,
     MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACEOFFLOADINGS,
+    NAMESPACES,
     PODS,
     RawObject,
 )
 from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
+from peering.admissionprobe import admission_in_effect
 from peering.cli.offload_cmds import ensure_admission
 from peering.crds import ensure_crds
 
@@ -189,3 +191,29 @@ async def test_a_provider_restriction_becomes_a_required_node_affinity(
     }
     pod = await admitted(consumer_client, ns, gpu_pod("strict", affinity=required))
     assert pod["spec"]["affinity"] == required
+
+
+async def test_the_probe_says_when_the_rule_is_live_in_a_namespace_that_enforces_restricted_pods(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    restricted = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    await consumer_client.patch(NAMESPACES, ns, restricted)
+    with pytest.raises(Forbidden, match="restricted"):  # a pod as users write it is refused there
+        await consumer_client.create(PODS, gpu_pod("plain"), ns, dry_run=True)
+
+    async def probed(strategy: str, until: str | None) -> str | None:
+        why: str | None = "not asked"
+        for _ in range(50):  # the namespace's ServiceAccount, the policy's informers: seconds
+            why = await admission_in_effect(consumer_client, ns, strategy)
+            if why == until:
+                break
+            await asyncio.sleep(0.2)
+        return why
+
+    # not offloaded: the probe is admitted (it passes the restricted level) but left unchanged
+    unchanged = "pods are still admitted without the virtual-node toleration"
+    assert await probed("LocalAndRemote", unchanged) == unchanged
+    await offload(consumer_client, ns, "Remote")
+    assert await probed("Remote", None) is None
+    assert (await consumer_client.list(PODS, ns))["items"] == [], "a dry-run pod is never stored"
