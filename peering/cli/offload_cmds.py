@@ -55,17 +55,17 @@ async def ensure_admission(client: KubeClient) -> None:
         )
 
 
-async def wait_admission_effective(client: KubeClient, namespace: str, strategy: str, timeout: float) -> None:
+async def wait_admission_effective(client: KubeClient, namespace: str, strategy: str, timeout: float) -> str:
     """Until the API server applies the rule to pods of ``namespace``
-    (:mod:`peering.admissionprobe`); the consumer agent says Ready only then, and an older agent
-    may not."""
+    (:mod:`peering.admissionprobe`; the consumer agent says Ready only then, an older one may
+    not). Returns "" when seen applied, else why it could not be checked."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while (why := await admission_in_effect(client, namespace, strategy)) is not None:
+    while (probe := await admission_in_effect(client, namespace, strategy)).live is False:
         if asyncio.get_running_loop().time() > deadline:
-            raise UserError(
-                f"namespace {namespace}: the offloading rule is not in effect after {timeout:.0f}s ({why})"
-            )
+            late = f"the offloading rule is not in effect after {timeout:.0f}s"
+            raise UserError(f"namespace {namespace}: {late} ({probe.detail})")
         await asyncio.sleep(0.2)
+    return probe.detail if probe.live is None else ""
 
 
 async def peered_providers(consumer: KubeClient, only: list[str] | None) -> list[str]:
@@ -177,7 +177,9 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         remote = (done.get("status") or {}).get("remoteNamespaces") or []
         for entry in remote:
             progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} ready")
-        await wait_admission_effective(consumer, ns, args.pod_offloading_strategy, args.timeout)
+        unchecked = await wait_admission_effective(consumer, ns, args.pod_offloading_strategy, args.timeout)
+        if unchecked:
+            progress.note(f"the offloading rule could not be checked in {ns} ({unchecked})")
         progress.step(f"namespace {ns} offloaded ({args.pod_offloading_strategy}); new pods are eligible")
     result = {
         "namespace": ns,

@@ -14,7 +14,8 @@ keyed by its namespace, the controller:
    (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition. Ready
    is written once a dry-run pod shows that the API server applies the policy to the namespace's
    pods (:mod:`peering.admissionprobe`): the policy and its parameter reach the admission plugin
-   through informers, and a pod created a moment too early would never be offloaded. (A pod
+   through informers, and a pod created a moment too early would never be offloaded. Where the
+   namespace's own rules refuse the probe, Ready says the rule could not be checked. (A pod
    created just after ``clusterSelector`` changes may still get the former providers.)
 
 Deleting it (finalizer ``offloading.gpuferry.io/release``) removes the namespace's pods that run on
@@ -44,7 +45,7 @@ from kube.patching import patch_changes
 from kube.reconciling import Requeue
 
 from ..admission import OFFLOADING_NAME, admission_objects
-from ..admissionprobe import admission_in_effect
+from ..admissionprobe import Probe, admission_in_effect
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition, set_condition
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
@@ -119,6 +120,19 @@ def pending_retry(passes: int) -> float:
     down made every offloading pass every second (each pass ~9 requests on both clusters).
     Pure."""
     return min(PENDING_RETRY_MAX, 2.0 ** max(0, passes - 1))
+
+
+def with_admission(phase: str, message: str, probe: Probe) -> tuple[str, str, str]:
+    """The phase, the Ready condition's reason and its message of an offloading whose twin
+    namespaces are ready (``phase``, ``message``), given what a dry-run pod showed of the
+    admission rule: held Pending while the API server does not apply it yet; Ready, saying so,
+    where the namespace's own rules refuse the probe (waiting would never end). Pure."""
+    if probe.live is False:
+        waiting = f"waiting for the API server to apply the offloading rule: {probe.detail}"
+        return "Pending", "AdmissionPending", waiting
+    if probe.live is None:
+        return phase, phase, f"{message}; the offloading rule could not be checked ({probe.detail})"
+    return phase, phase, message
 
 
 def _ready_at(obj: RawObject) -> bool:
@@ -220,12 +234,10 @@ class NamespaceOffloadingReconciler:
         reason = phase
         if phase == "Ready" and not _ready_at(obj):
             # Ready means the very next pod is offloaded: not before the API server applies the
-            # rule (a policy written a moment ago is not, issue 15's CI run of stop 27)
-            why = await admission_in_effect(self.consumer, key.namespace, spec.get("podOffloadingStrategy"))
-            if why is not None:
-                phase, reason = "Pending", "AdmissionPending"
-                message = f"waiting for the API server to apply the offloading rule: {why}"
-                status["phase"] = phase
+            # rule (a policy written a moment ago is not: CI of stop 27)
+            probe = await admission_in_effect(self.consumer, key.namespace, spec.get("podOffloadingStrategy"))
+            phase, reason, message = with_admission(phase, message, probe)
+            status["phase"] = phase
         status["conditions"] = set_condition(
             status.get("conditions"),
             "Ready",

@@ -18,10 +18,11 @@ from kube.objects import (
     NAMESPACEOFFLOADINGS,
     NAMESPACES,
     PODS,
+    RESOURCEQUOTAS,
     RawObject,
 )
 from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
-from peering.admissionprobe import admission_in_effect
+from peering.admissionprobe import Probe, admission_in_effect
 from peering.cli.offload_cmds import ensure_admission
 from peering.crds import ensure_crds
 
@@ -202,18 +203,33 @@ async def test_the_probe_says_when_the_rule_is_live_in_a_namespace_that_enforces
     with pytest.raises(Forbidden, match="restricted"):  # a pod as users write it is refused there
         await consumer_client.create(PODS, gpu_pod("plain"), ns, dry_run=True)
 
-    async def probed(strategy: str, until: str | None) -> str | None:
-        why: str | None = "not asked"
+    async def probed(strategy: str, until: bool) -> Probe:
+        probe = Probe(None, "not asked")
         for _ in range(50):  # the namespace's ServiceAccount, the policy's informers: seconds
-            why = await admission_in_effect(consumer_client, ns, strategy)
-            if why == until:
+            probe = await admission_in_effect(consumer_client, ns, strategy)
+            if probe.live is until:
                 break
             await asyncio.sleep(0.2)
-        return why
+        return probe
 
     # not offloaded: the probe is admitted (it passes the restricted level) but left unchanged
-    unchanged = "pods are still admitted without the virtual-node toleration"
-    assert await probed("LocalAndRemote", unchanged) == unchanged
+    assert await probed("LocalAndRemote", False) == Probe(
+        False, "pods are still admitted without the virtual-node toleration"
+    )
     await offload(consumer_client, ns, "Remote")
-    assert await probed("Remote", None) is None
+    assert await probed("Remote", True) == Probe(True)
     assert (await consumer_client.list(PODS, ns))["items"] == [], "a dry-run pod is never stored"
+
+
+async def test_a_probe_the_namespaces_own_rules_refuse_cannot_tell(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods"},
+             "spec": {"hard": {"pods": "0"}}}  # fmt: skip
+    await consumer_client.create(RESOURCEQUOTAS, quota, ns)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    # refused for the namespace's quota ("status unknown" until the controller manager counts
+    # it, then "exceeded"): the users' pods meet the same, so waiting for the probe would not end
+    probe = await admission_in_effect(consumer_client, ns, "LocalAndRemote")
+    assert probe.live is None and "quota: no-pods" in probe.detail, probe
