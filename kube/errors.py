@@ -42,6 +42,7 @@ __all__ = [
     "from_exception",
     "from_response",
     "is_temporary",
+    "namespace_terminating",
 ]
 
 
@@ -90,6 +91,14 @@ def admission_refusal(error: KubeError) -> str:
     ValidatingAdmissionPolicy 'x' with binding 'x' denied request: <what it said>")."""
     _, found, said = error.message.partition("denied request: ")
     return said.strip() if found else error.message
+
+
+def namespace_terminating(error: KubeError) -> bool:
+    """Whether the API server refused to create something because its namespace is being
+    deleted (the NamespaceLifecycle admission's ``NamespaceTerminating`` cause): nothing new
+    goes there again, so a writer has nothing to retry or report."""
+    details = error.body.get("details") or {}
+    return any(cause.get("reason") == "NamespaceTerminating" for cause in details.get("causes") or ())
 
 
 class NotFound(KubeError):

@@ -15,10 +15,23 @@ from cryptography.x509.oid import NameOID
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
-from kube.errors import Forbidden
-from kube.objects import CSRS, DEVICECLASSES, JOBS, NODES, PODS, RESOURCEQUOTAS, RESOURCESLICES, RawObject
+from kube.errors import Forbidden, namespace_terminating
+from kube.objects import (
+    CONFIGMAPS,
+    CSRS,
+    DEVICECLASSES,
+    EVENTS,
+    JOBS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCEQUOTAS,
+    RESOURCESLICES,
+    RawObject,
+)
 
-from .waiting import condition, wait_for, wait_for_empty
+from .conftest import NamespaceFactory
+from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
 
 pytestmark = pytest.mark.integration
 
@@ -363,3 +376,26 @@ async def test_kubelet_serving_certificate_is_signed(provider_client: KubeClient
     assert parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == f"system:node:{node}"
     usages = parsed.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in usages
+
+
+
+async def test_a_namespace_being_deleted_refuses_new_content_with_its_own_cause(
+    consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    held = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "held", "finalizers": ["test.gpuferry.io/hold"]}}  # fmt: skip
+    await consumer_client.create(CONFIGMAPS, held, ns)
+    event = {
+        "apiVersion": "v1", "kind": "Event", "metadata": {"name": "late"}, "reason": "Late",
+        "message": "a provider event", "involvedObject": {"kind": "Pod", "name": "p", "namespace": ns},
+    }  # fmt: skip
+    await consumer_client.create(EVENTS, {**event, "metadata": {"name": "early"}}, ns)
+    await consumer_client.delete(NAMESPACES, ns)  # stays Terminating while the ConfigMap is held
+    try:
+        with pytest.raises(Forbidden) as refused:
+            await consumer_client.create(EVENTS, event, ns)
+        assert namespace_terminating(refused.value), refused.value.body
+    finally:
+        await consumer_client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, ns)
+        await wait_for_deletion(consumer_client, NAMESPACES, ns, None, timeout=60)

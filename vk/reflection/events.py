@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, KubeError, NotFound
+from kube.errors import AlreadyExists, KubeError, NotFound, namespace_terminating
 from kube.informers import Informer
 from kube.metrics import counter
 from kube.objects import EVENTS, ObjectKey, RawObject
@@ -153,8 +153,9 @@ class EventReflector:
             except NotFound:
                 return
         except KubeError as exc:
-            logger.warning(
-                "provider event %s not reflected on %s/%s: %s", uid, namespace, pod["metadata"]["name"], exc
-            )
+            # a consumer namespace being deleted takes no new Events: nothing is lost, as its pods
+            # and their Events go with it (a bench burst's teardown logged 30 warnings)
+            log = logger.debug if namespace_terminating(exc) else logger.warning
+            log("provider event %s not reflected on %s/%s: %s", uid, namespace, pod["metadata"]["name"], exc)
             return
         written[uid] = count

@@ -25,6 +25,7 @@ from kube.errors import (
     from_exception,
     from_response,
     is_temporary,
+    namespace_terminating,
 )
 from kube.objects import ObjectKey
 
@@ -134,3 +135,21 @@ def test_reconciler_errors() -> None:
     assert TemporaryError("later", delay=3).delay == 3
     assert is_temporary(TemporaryError("later"))
     assert not is_temporary(PermanentError("never"))
+
+
+def test_a_terminating_namespace_is_told_by_its_cause_not_its_words() -> None:
+    terminating = from_response(403, {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": 'events "p.gpuferry-1" is forbidden: unable to create new content in namespace w '
+                   "because it is being terminated",
+        "details": {"name": "p.gpuferry-1", "kind": "events", "causes": [
+            {"reason": "NamespaceTerminating", "message": "namespace w is being terminated",
+             "field": "metadata.namespace"}]},
+    })  # fmt: skip
+    assert isinstance(terminating, Forbidden) and namespace_terminating(terminating)
+    quota = from_response(403, {
+        "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+        "message": 'pods "p" is forbidden: exceeded quota: gpus', "details": {"name": "p", "kind": "pods"},
+    })  # fmt: skip
+    assert not namespace_terminating(quota)
+    assert not namespace_terminating(from_response(503, b"upstream connect error"))
