@@ -360,6 +360,34 @@ async def wait_ready(client: KubeClient, node: str, vk: subprocess.Popen[bytes],
                 return
 
 
+def ready_count(nodes: list[RawObject]) -> int:
+    """How many of ``nodes`` say Ready. Pure."""
+    def ready(node: RawObject) -> bool:
+        conditions = (node.get("status") or {}).get("conditions") or ()
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    return sum(ready(n) for n in nodes)
+
+
+async def wait_nodes_ready(client: KubeClient, suffix: str, count: int, timeout: float = 300.0) -> None:
+    """Until the run's ``count`` provider nodes are Ready: kwok readies a thousand of them over
+    some seconds, and a burst started before would time the direct pods against fewer nodes (and
+    the machine's rest against kwok's start)."""
+    deadline = time.monotonic() + timeout
+    ready, said = 0, -1
+    while True:
+        listing = await client.list(NODES, label_selector=f"{RUN_LABEL}={suffix}")
+        ready = ready_count(listing["items"])
+        if ready >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimedOut(f"{ready} of the run's {count} provider nodes Ready after {timeout:.0f}s")
+        if ready != said and ready:
+            print(f"provider nodes Ready: {ready} of {count}", flush=True)
+            said = ready
+        await asyncio.sleep(1.0)
+
+
 async def throughput(
     c: KubeClient,
     p: KubeClient,
@@ -591,6 +619,7 @@ async def bench(
             KubeClient.from_kubeconfig(provider.spec.kubeconfig, settings=fast) as p,
         ):
             await wait_ready(c, node, vk, log)
+            await wait_nodes_ready(p, suffix, len(extra))
             if counts:
                 await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port,
                                  idle=idle, services=services)  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import parse_vk_metrics, per_pod, reconciles_per_pod
+from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod
 
 TEXT = """\
 # HELP gpuferry_api_requests_total Requests sent to API servers.
@@ -71,3 +71,18 @@ def test_the_deletion_half_says_so_in_each_line() -> None:
     assert reconciles_per_pod(before, after, 100, "Running to gone") == (
         "  vk: 3.00 reconciles per pod, Running to gone (sync_pods_to_remote 3.00)"
     )
+
+
+def test_only_nodes_that_say_ready_count() -> None:
+    def node(*conditions: tuple[str, str]) -> dict[str, object]:
+        return {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions]}}
+
+    nodes = [
+        node(("Ready", "True")),
+        node(("MemoryPressure", "False"), ("Ready", "True")),
+        node(("Ready", "False")),
+        node(("Ready", "Unknown")),
+        node(),
+        {},
+    ]
+    assert ready_count(nodes) == 2
