@@ -65,7 +65,11 @@ TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists
 
 RUN_LABEL = "bench.gpuferry.io/run"
 REST_SECONDS = 5.0
-"""How long the machine's load is read before the bursts (the clusters' own background)."""
+"""One window of the machine's load before the bursts (the clusters' own background)."""
+SETTLE_MARGIN = 5.0
+"""Percentage points: the machine has settled once a window is no lower than this under the last."""
+SETTLE_MAX_SECONDS = 120.0
+"""The longest the bench waits for the machine to settle before the bursts."""
 
 
 def pod(name: str, run: str, node: str | None = None) -> RawObject:
@@ -388,6 +392,31 @@ async def wait_nodes_ready(client: KubeClient, suffix: str, count: int, timeout:
         await asyncio.sleep(1.0)
 
 
+def settled(previous: float | None, busy: float, margin: float = SETTLE_MARGIN) -> bool:
+    """Whether a window ``busy`` % busy shows the machine's load no longer falling: no more than
+    ``margin`` points under the window before. Pure."""
+    return previous is not None and busy >= previous - margin
+
+
+async def settle(vk: subprocess.Popen[bytes]) -> machine.Burst:
+    """Windows of REST_SECONDS until the load stops falling, at most SETTLE_MAX_SECONDS; the last
+    window. New nodes Ready are not the end of their cost: kwok leases them and the provider's
+    controller takes them in for a minute at N=10,000 (68 % busy right after they were Ready), and
+    the direct burst, first, would pay for it."""
+    previous: float | None = None
+    deadline = time.monotonic() + SETTLE_MAX_SECONDS
+    while True:
+        before = machine.snapshot()
+        await asyncio.sleep(REST_SECONDS)
+        window = machine.snapshot().since(before, names={vk.pid: "virtual kubelet (bench)"})
+        busy = window.busy / window.total * 100
+        if settled(previous, busy) or time.monotonic() > deadline:
+            return window
+        if previous is not None:
+            print(f"machine settling: cores {busy:.0f} % busy", flush=True)
+        previous = busy
+
+
 async def throughput(
     c: KubeClient,
     p: KubeClient,
@@ -402,9 +431,7 @@ async def throughput(
     services: int = 0,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
-    rest = machine.snapshot()
-    await asyncio.sleep(REST_SECONDS)
-    at_rest = machine.snapshot().since(rest, names={vk.pid: "virtual kubelet (bench)"})
+    at_rest = await settle(vk)
     print(f"machine at rest, before the bursts: cores {at_rest.busy / at_rest.total * 100:.0f} % busy "
           f"({', '.join(f'{k} {v / REST_SECONDS * 100:.1f} %' for k, v in at_rest.by.most_common(4))} "
           "of a core)", flush=True)  # fmt: skip

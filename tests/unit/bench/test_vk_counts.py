@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod
+from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod, settled
 
 TEXT = """\
 # HELP gpuferry_api_requests_total Requests sent to API servers.
@@ -86,3 +86,11 @@ def test_only_nodes_that_say_ready_count() -> None:
         {},
     ]
     assert ready_count(nodes) == 2
+
+
+def test_the_machine_has_settled_once_its_load_stops_falling() -> None:
+    assert not settled(None, 20.0), "one window tells no trend"
+    assert not settled(68.0, 50.0)
+    assert not settled(50.0, 44.9)
+    assert settled(50.0, 45.0)
+    assert settled(30.0, 41.0), "a load that rises again is no longer falling"
