@@ -1,0 +1,63 @@
+"""What asks the provider's GPU pool for a pass: a change of what it reads, not every event."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kube.clients import KubeClient
+from kube.informers import Informer
+from kube.kubeconfigs import Connection
+from kube.manager import Controller
+from kube.objects import NODES, PODS
+from kube.watching import WatchEvent
+from peering.provider.app import build_provider
+from peering.provider.slices import POOL
+
+
+def gpu_node(heartbeat: str, ready: str = "True", gpus: str = "8") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "gpu-0", "uid": "u-0", "resourceVersion": heartbeat,
+                     "labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus},
+                   "conditions": [{"type": "Ready", "status": ready, "lastHeartbeatTime": heartbeat}]},
+    }  # fmt: skip
+
+
+def pod(phase: str, condition: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train", "namespace": "ml", "uid": "p-0", "resourceVersion": condition},
+        "spec": {"nodeName": "gpu-0",
+                 "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": condition}]},
+    }  # fmt: skip
+
+
+async def test_a_pass_follows_what_the_pool_reads_and_not_a_heartbeat() -> None:
+    manager = build_provider(KubeClient(Connection(server="https://127.0.0.1:1")))
+    (pool,) = [c for c in manager.controllers if c.name == "pool"]
+    informers: dict[object, Informer] = {i.resource: i for i in pool.informers}
+
+    async def asked(resource: object, event: WatchEvent) -> bool:
+        informers[resource].receive(event)
+        await asyncio.sleep(0.15)  # changes are batched for 0.1 s
+        if POOL not in pool.queue.pending:
+            return False
+        await take(pool)
+        return True
+
+    assert await asked(NODES, WatchEvent("ADDED", gpu_node("t1")))
+    assert not await asked(NODES, WatchEvent("MODIFIED", gpu_node("t2"))), "a heartbeat"
+    assert await asked(NODES, WatchEvent("MODIFIED", gpu_node("t3", ready="False")))
+    assert await asked(NODES, WatchEvent("MODIFIED", gpu_node("t4", ready="False", gpus="4")))
+    assert await asked(PODS, WatchEvent("ADDED", pod("Pending", "False")))
+    assert not await asked(PODS, WatchEvent("MODIFIED", pod("Pending", "True"))), "a condition"
+    assert await asked(PODS, WatchEvent("MODIFIED", pod("Running", "True")))
+    assert await asked(PODS, WatchEvent("DELETED", pod("Running", "True")))
+
+
+async def take(controller: Controller) -> None:
+    key = await controller.queue.get()
+    controller.queue.done(key)
