@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod, settled
+from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod, rest_shares, settled
 
 TEXT = """\
 # HELP gpuferry_api_requests_total Requests sent to API servers.
@@ -94,3 +94,17 @@ def test_the_machine_has_settled_once_its_load_stops_falling() -> None:
     assert not settled(50.0, 44.9)
     assert settled(50.0, 45.0)
     assert settled(30.0, 41.0), "a load that rises again is no longer falling"
+
+
+def test_the_rest_line_names_gpuferrys_own_processes_wherever_they_rank() -> None:
+    by = {"kube-apiserver (provider)": 3.0, "kwok (provider)": 0.8, "etcd (provider)": 0.7,
+          "kube-controller-manager (provider)": 0.6, "python -m peering.provider": 0.1,
+          "kube-scheduler (provider)": 0.5, "virtual kubelet (bench)": 0.02}  # fmt: skip
+    shown = rest_shares(by, 5.0)
+    assert [k for k, _ in shown] == [
+        "kube-apiserver (provider)", "kwok (provider)", "etcd (provider)",
+        "kube-controller-manager (provider)", "python -m peering.provider", "virtual kubelet (bench)",
+    ]  # fmt: skip
+    assert shown[0][1] == 60.0 and round(shown[4][1], 6) == 2.0
+    alone = {"python -m peering.provider": 1.0}
+    assert [k for k, _ in rest_shares(alone, 5.0)] == ["python -m peering.provider"]
