@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bench.offload import parse_vk_metrics, per_pod, ready_count, reconciles_per_pod, rest_shares, settled
+from bench.offload import (
+    parse_vk_metrics,
+    per_pod,
+    reconciles_per_pod,
+    rest_shares,
+    schedulable_count,
+    settled,
+)
 
 TEXT = """\
 # HELP gpuferry_api_requests_total Requests sent to API servers.
@@ -73,19 +80,25 @@ def test_the_deletion_half_says_so_in_each_line() -> None:
     )
 
 
-def test_only_nodes_that_say_ready_count() -> None:
-    def node(*conditions: tuple[str, str]) -> dict[str, object]:
-        return {"status": {"conditions": [{"type": t, "status": s} for t, s in conditions]}}
+def test_only_nodes_ready_and_free_of_lifecycle_taints_count() -> None:
+    def node(*conditions: tuple[str, str], taints: tuple[str, ...] = ()) -> dict[str, object]:
+        return {
+            "spec": {"taints": [{"key": k, "effect": "NoSchedule"} for k in taints]},
+            "status": {"conditions": [{"type": t, "status": s} for t, s in conditions]},
+        }
 
     nodes = [
         node(("Ready", "True")),
         node(("MemoryPressure", "False"), ("Ready", "True")),
+        node(("Ready", "True"), taints=("example.com/dedicated",)),
+        node(("Ready", "True"), taints=("node.kubernetes.io/not-ready",)),
+        node(("Ready", "True"), taints=("node.kubernetes.io/unschedulable",)),
         node(("Ready", "False")),
         node(("Ready", "Unknown")),
         node(),
         {},
     ]
-    assert ready_count(nodes) == 2
+    assert schedulable_count(nodes) == 3, "Ready, and no taint the node lifecycle controller keeps"
 
 
 def test_the_machine_has_settled_once_its_load_stops_falling() -> None:
