@@ -126,6 +126,8 @@ class Timed:
     writes: dict[str, machine.Writes] | None = None
     """Per API server (``consumer``, ``provider``): the writes it served for the burst (a server
     whose /metrics could not be read is left out)."""
+    lapses: Lapses | None = None
+    """The run's provider nodes that were not Ready at some time during the burst."""
 
     def stages(self) -> str:
         """The median split of a pod's way to Running: the scheduler's binding, then the rest."""
@@ -141,11 +143,13 @@ async def create_and_time(
     node: str | None = None,
     vk: subprocess.Popen[bytes] | None = None,
     servers: dict[str, KubeClient] | None = None,
+    nodes_on: KubeClient | None = None,
 ) -> Timed:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
     every namespace; per-pod seconds to bound and to Running, and the total seconds. With
     ``servers`` (name -> admin client), also what the burst cost the machine (CPU, and the
-    writes each API server served) from the first create to the last pod Running."""
+    writes each API server served) from the first create to the last pod Running. With
+    ``nodes_on`` (the provider), which of the run's nodes were not Ready at some time in it."""
     running: dict[ObjectKey, float] = {}
     bound: dict[ObjectKey, float] = {}
     created: dict[ObjectKey, float] = {}
@@ -167,7 +171,17 @@ async def create_and_time(
                     done.set()
                     return
 
+    lapses = Lapses() if nodes_on is not None else None
+
+    async def watch_nodes(provider: KubeClient, seen: Lapses) -> None:
+        async for item in watch_objects(provider, NODES, label_selector=f"{RUN_LABEL}={run}"):
+            if not isinstance(item, Listed):
+                seen.observe(item.object)
+
     watcher = asyncio.create_task(watch())
+    watchers = [watcher]
+    if nodes_on is not None and lapses is not None:
+        watchers.append(asyncio.create_task(watch_nodes(nodes_on, lapses)))
     await asyncio.sleep(0.5)
     sem = asyncio.Semaphore(32)
 
@@ -199,8 +213,9 @@ async def create_and_time(
             + ", ".join(f"{n} {phase}" for phase, n in sorted(where.items()))
         ) from None
     finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        for task in watchers:
+            task.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
     total = time.monotonic() - start
     burst = machine.snapshot().since(cpu_before, names=names)
     writes = {}
@@ -210,7 +225,8 @@ async def create_and_time(
             writes[name] = after - before
     # a pod seen first already Running was bound no later than that
     return Timed([running[k] - created[k] for k in created],
-                 [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes)  # fmt: skip
+                 [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes,
+                 lapses)  # fmt: skip
 
 
 async def wait_gone(client: KubeClient, namespace: str) -> None:
@@ -369,6 +385,33 @@ LIFECYCLE_TAINTS = "node.kubernetes.io/"
 (not-ready, unreachable, the pressures, unschedulable)."""
 
 
+def node_ready(node: RawObject) -> bool:
+    """Whether ``node`` says Ready. Pure."""
+    conditions = (node.get("status") or {}).get("conditions") or ()
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+class Lapses:
+    """The run's provider nodes seen other than Ready while a burst ran. A node whose Lease kwok
+    did not renew within the node lifecycle controller's grace period (50 s) is marked Unknown,
+    and every pod on it NotReady: the simulated provider starved, which no real one's kubelets
+    do (each renews its own Lease). A burst with lapses is timed against a provider that was not
+    healthy. Fed by a watch of the nodes; pure."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.lapsed: set[str] = set()
+
+    def observe(self, node: RawObject) -> None:
+        name = str((node.get("metadata") or {}).get("name", ""))
+        self.seen.add(name)
+        if not node_ready(node):
+            self.lapsed.add(name)
+
+    def summary(self) -> str:
+        return f"{len(self.lapsed)} of {len(self.seen)}"
+
+
 def schedulable_count(nodes: list[RawObject]) -> int:
     """How many of ``nodes`` say Ready and carry none of the node lifecycle controller's taints.
     Pure. A node is created with ``node.kubernetes.io/not-ready`` (the NodeTaint admission), and
@@ -376,11 +419,9 @@ def schedulable_count(nodes: list[RawObject]) -> int:
     default client (20 requests/s) on this machine, so 1252 new nodes said Ready in seconds and
     took 270 s to accept a pod."""
     def schedulable(node: RawObject) -> bool:
-        conditions = (node.get("status") or {}).get("conditions") or ()
         taints = (node.get("spec") or {}).get("taints") or ()
-        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions) and not any(
-            str(t.get("key", "")).startswith(LIFECYCLE_TAINTS) for t in taints
-        )
+        lifecycle = any(str(t.get("key", "")).startswith(LIFECYCLE_TAINTS) for t in taints)
+        return node_ready(node) and not lifecycle
 
     return sum(schedulable(n) for n in nodes)
 
@@ -483,7 +524,7 @@ async def throughput(
                 keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
                 results[side] = await create_and_time(
                     client, keys, suffix, node if side == "offloaded" else None, vk,
-                    servers={"consumer": c, "provider": p},
+                    servers={"consumer": c, "provider": p}, nodes_on=p,
                 )
                 at_running, cpu_running = await requests_sent(port), proc_stats(vk.pid)[0]
                 if side == "offloaded" and idle > 0:
@@ -553,6 +594,11 @@ def machine_lines(direct: Timed, offloaded: Timed, n: int) -> list[str]:
         lines.append(f"  machine: the offloaded burst's CPU per pod is "
                      f"{offloaded.machine.busy / direct.machine.busy:.2f}x the direct one's (the time "
                      f"ratio follows it where the cores are busy through both)")  # fmt: skip
+    for side, timed in (("direct", direct), ("offloaded", offloaded)):
+        if timed.lapses is not None:
+            lines.append(f"  provider nodes not Ready at some time in the {side} burst: "
+                         f"{timed.lapses.summary()} (kwok's Lease renewals fell behind: the node "
+                         "lifecycle controller marks such a node Unknown and its pods NotReady)")  # fmt: skip
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.writes:
             served = "; ".join(f"{name} {machine.per_pod(done, n)}" for name, done in timed.writes.items())

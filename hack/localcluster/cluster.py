@@ -49,13 +49,14 @@ CLIENTS = [
     ClientIdentity("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
 ]
 
-# kwok stages: ours (hack/kwok) first, then the upstream files kept beside the kwok binary.
+# kwok's configuration and stages: ours (hack/kwok) first, then the upstream stages kept beside
+# the kwok binary.
 UPSTREAM_STAGES = (
     "node/fast/node-initialize.yaml",
     "pod/fast/pod-ready.yaml",
     "pod/fast/pod-delete.yaml",
 )
-OWN_STAGES = ("pod-complete.yaml", "node-heartbeat-with-lease.yaml")
+OWN_KWOK_CONFIGS = ("kwok-configuration.yaml", "pod-complete.yaml", "node-heartbeat-with-lease.yaml")
 NODE_LEASE_SECONDS = 40
 """kwok renews each fake node's Lease every quarter of this, as a kubelet with its default does."""
 
@@ -221,7 +222,7 @@ class LocalCluster:
                 "--leader-elect=false",
             ]
 
-        stages = [str(HACK_DIR / "kwok" / s) for s in OWN_STAGES]
+        stages = [str(HACK_DIR / "kwok" / s) for s in OWN_KWOK_CONFIGS]
         stages += [str(b.kwok_stages / s) for s in UPSTREAM_STAGES]
         return {
             "etcd": Component(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.offload import (
+    Lapses,
     parse_vk_metrics,
     per_pod,
     reconciles_per_pod,
@@ -121,3 +122,15 @@ def test_the_rest_line_names_gpuferrys_own_processes_wherever_they_rank() -> Non
     assert shown[0][1] == 60.0 and round(shown[4][1], 6) == 2.0
     alone = {"python -m peering.provider": 1.0}
     assert [k for k, _ in rest_shares(alone, 5.0)] == ["python -m peering.provider"]
+
+
+def test_a_node_seen_other_than_ready_during_a_burst_has_lapsed() -> None:
+    def node(name: str, ready: str) -> dict[str, object]:
+        return {"metadata": {"name": name}, "status": {"conditions": [{"type": "Ready", "status": ready}]}}
+
+    lapses = Lapses()
+    seen = [node("a", "True"), node("b", "True"), node("b", "Unknown"), node("b", "True"), node("c", "False")]
+    for one in seen:
+        lapses.observe(one)
+    assert lapses.lapsed == {"b", "c"}, "a node Ready again later still lapsed during the burst"
+    assert lapses.summary() == "2 of 3"
