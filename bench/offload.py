@@ -42,7 +42,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import machine
+from bench import cores, machine
 from hack.localcluster import NodeSpec, profile_clusters
 from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
@@ -597,8 +597,8 @@ def machine_lines(direct: Timed, offloaded: Timed, n: int) -> list[str]:
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.lapses is not None:
             lines.append(f"  provider nodes not Ready at some time in the {side} burst: "
-                         f"{timed.lapses.summary()} (kwok's Lease renewals fell behind: the node "
-                         "lifecycle controller marks such a node Unknown and its pods NotReady)")  # fmt: skip
+                         f"{timed.lapses.summary()} (a node whose Lease kwok did not renew in time is "
+                         "marked Unknown, and its pods NotReady)")  # fmt: skip
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.writes:
             served = "; ".join(f"{name} {machine.per_pod(done, n)}" for name, done in timed.writes.items())
@@ -677,7 +677,7 @@ async def many_namespaces(
 
 async def bench(
     profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None,
-    services: int = 0,
+    services: int = 0, split_cores: bool = False,
 ) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
@@ -721,11 +721,14 @@ async def bench(
         ):
             await wait_ready(c, node, vk, log)
             await wait_nodes_ready(p, suffix, len(extra))
-            if counts:
-                await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk, port=port,
-                                 idle=idle, services=services)  # fmt: skip
-            if namespaces:
-                await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
+            with contextlib.ExitStack() as stack:
+                if split_cores:
+                    stack.enter_context(cores_split(consumer, provider, vk))
+                if counts:
+                    await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk,
+                                     port=port, idle=idle, services=services)  # fmt: skip
+                if namespaces:
+                    await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
         vk.terminate()
         vk.wait(10)
@@ -741,6 +744,19 @@ async def bench(
             ),
             (consumer, ("delete", "node", node, "--ignore-not-found", "--wait=false")),
         )
+
+
+@contextlib.contextmanager
+def cores_split(consumer: Any, provider: Any, vk: subprocess.Popen[bytes]) -> Iterator[None]:
+    """The consumer's processes and the bench's virtual kubelet on the first half of the cores,
+    the provider's on the other (:mod:`bench.cores`), for the block."""
+    ours, theirs = cores.split(sorted(os.sched_getaffinity(0)), 2)
+    groups = [(consumer.processes() | {vk.pid}, ours), (provider.processes(), theirs)]
+    with cores.pinned(groups) as threads:
+        print(f"cores split: the consumer's processes and the virtual kubelet ({threads[0]} threads) on "
+              f"CPU {','.join(map(str, sorted(ours)))}, the provider's ({threads[1]} threads) on CPU "
+              f"{','.join(map(str, sorted(theirs)))}", flush=True)  # fmt: skip
+        yield
 
 
 def cleanup(*steps: tuple[Any, tuple[str, ...]]) -> None:
@@ -790,7 +806,16 @@ def main() -> None:
         help="Services (selecting none of the pods) in each burst's namespace, made before its pods "
         "(default 0); the virtual kubelet copies them to the twin namespace",
     )
+    parser.add_argument(
+        "--split-cores", action="store_true",
+        help="the consumer's processes (and the bench's virtual kubelet) on half of the cores, the "
+        "provider's on the other half, as two clusters run on machines of their own; by default "
+        "they share every core",
+    )
     args = parser.parse_args()
+    if args.split_cores and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--split-cores needs 2 CPUs or more: this process may run on "
+                     f"{len(os.sched_getaffinity(0))}")  # fmt: skip
     if args.idle < 0:
         parser.error("--idle must be 0 or more")
     if args.services < 0:
@@ -800,7 +825,7 @@ def main() -> None:
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
         asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers,
-                                          args.services)))
+                                          args.services, args.split_cores)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)

@@ -163,6 +163,14 @@ class LocalCluster:
             RealNode(spec, spec.real_node, binaries, self.procs) if spec.real_node is not None else None
         )
 
+    def processes(self) -> set[int]:
+        """The pids of everything this cluster runs: its components (control plane, kwok, the
+        real node's kubelet, containerd and kube-proxy) and the processes of its node's pods."""
+        pids = {pid for name in self.procs.recorded() if (pid := self.procs.pid(name)) is not None}
+        if self.node is not None:
+            pids |= self.node.container_pids()
+        return pids
+
     @property
     def has_real_node(self) -> bool:
         """Whether this cluster runs (or would run, once up) a real node: root and a spec for one."""

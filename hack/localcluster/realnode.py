@@ -355,12 +355,16 @@ class RealNode:
         ]
         return [SHIM_SOCKETS / hashlib.sha256(name.encode()).hexdigest() for name in names]
 
+    def container_pids(self) -> set[int]:
+        """Every process of the node's pods (their cgroups), pause and shims' children included."""
+        return _cgroup_pids(_cgroup_dirs(cgroup_root(self.spec)))
+
     def teardown(self) -> list[str]:
         """Stop the node and remove what it made but its folder; returns the processes stopped."""
         shim_sockets = self.shim_sockets()
         stopped = [name for name in ("kube-proxy", "kubelet") if self.procs.stop(name)]
         cgroups = _cgroup_dirs(cgroup_root(self.spec))
-        _kill(_cgroup_pids(cgroups))  # every container of every pod, pause included
+        _kill(self.container_pids())  # every container of every pod, pause included
         if self.procs.pid("containerd") is not None:
             self._delete_tasks()
         _kill(_processes_mentioning(f"-address {self.paths.containerd_socket}"))  # shims left

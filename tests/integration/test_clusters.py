@@ -4,7 +4,9 @@ GPU scheduling on kwok nodes, quota, controllers, CSR signing, Job completion.""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -399,3 +401,14 @@ async def test_a_namespace_being_deleted_refuses_new_content_with_its_own_cause(
     finally:
         await consumer_client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, ns)
         await wait_for_deletion(consumer_client, NAMESPACES, ns, None, timeout=60)
+
+
+def test_a_cluster_knows_every_process_it_runs(provider: LocalCluster) -> None:
+    """What the bench's --split-cores pins: the components, and the processes of the node's pods."""
+    names = set()
+    for pid in provider.processes():
+        with contextlib.suppress(FileNotFoundError):
+            names.add(Path(f"/proc/{pid}/comm").read_text().strip())
+    assert {"etcd", "kube-apiserver", "kube-scheduler", "kwok"} <= names
+    if provider.has_real_node:
+        assert {"kubelet", "containerd", "pause"} <= names, "the real node and its pods' processes"
