@@ -20,6 +20,11 @@ watches it holds and its RSS with the pods and after them.
 a team's namespace holds some: the virtual kubelet copies them to the twin namespace, and its
 reconciles per pod show what the pods' changes wake among them.
 
+``--split-cores`` puts the consumer's processes and the virtual kubelet on half of the cores and
+the provider's on the other half (:mod:`bench.cores`), as two clusters run on machines of their
+own; by default both share every core, and an offloaded burst waits for the sum of both clusters'
+work.
+
 A run that times out prints what it got; every run removes what it made (nodes, namespaces, the
 virtual node), on Ctrl-C too.
 
