@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["pin", "pinned", "split"]
+__all__ = ["pin", "pinned", "restore", "split"]
 
 
 def split(cpus: Sequence[int], parts: int) -> list[set[int]]:
@@ -46,26 +46,45 @@ def _threads(pid: int, proc: Path) -> list[int]:
         return []
 
 
-def pin(pids: Iterable[int], cpus: set[int], proc: Path = Path("/proc")) -> int:
-    """Every thread of every process of ``pids`` on ``cpus``; the threads pinned (a process or
-    thread gone meanwhile is skipped)."""
-    done = 0
+def pin(pids: Iterable[int], cpus: set[int], proc: Path = Path("/proc")) -> dict[int, set[int]]:
+    """Every thread of every process of ``pids`` on ``cpus``; the threads pinned, each with the
+    cores it had. A process or thread gone meanwhile is skipped. One this process may not pin
+    (another user's, without root) raises PermissionError, naming it: a run that went on would
+    be timed on shared cores while it said split."""
+    before: dict[int, set[int]] = {}
     for pid in pids:
         for tid in _threads(pid, proc):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            try:
+                had = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, cpus)
-                done += 1
-    return done
+            except ProcessLookupError:
+                continue
+            except PermissionError as exc:
+                restore(before)
+                raise PermissionError(
+                    f"--split-cores may not pin process {pid} (thread {tid}): run the bench as the user "
+                    f"that runs the clusters, or as root ({exc.strerror})"
+                ) from exc
+            before[tid] = had
+    return before
+
+
+def restore(before: dict[int, set[int]]) -> None:
+    """Each thread back on the cores it had (one gone meanwhile is skipped)."""
+    for tid, cpus in before.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.sched_setaffinity(tid, cpus)
 
 
 @contextlib.contextmanager
 def pinned(groups: Sequence[tuple[Iterable[int], set[int]]]) -> Iterator[list[int]]:
     """Each group's processes on its cores for the block (yields the threads pinned per group);
-    after it, every process of the groups may run on all the cores this process may."""
-    everywhere = os.sched_getaffinity(0)
-    pids = [set(group) for group, _ in groups]
+    after it, every thread pinned is back on the cores it had."""
+    done: list[dict[int, set[int]]] = []
     try:
-        yield [pin(group, cpus) for group, (_, cpus) in zip(pids, groups, strict=True)]
+        for pids, cpus in groups:
+            done.append(pin(pids, cpus))
+        yield [len(d) for d in done]
     finally:
-        for group in pids:
-            pin(group, everywhere)
+        for before in done:
+            restore(before)

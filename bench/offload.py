@@ -417,41 +417,55 @@ class Lapses:
         return f"{len(self.lapsed)} of {len(self.seen)}"
 
 
-def schedulable_count(nodes: list[RawObject]) -> int:
-    """How many of ``nodes`` say Ready and carry none of the node lifecycle controller's taints.
+def schedulable(node: RawObject) -> bool:
+    """Whether ``node`` says Ready and carries none of the node lifecycle controller's taints.
     Pure. A node is created with ``node.kubernetes.io/not-ready`` (the NodeTaint admission), and
     the controller takes it off some time after the node turns Ready: 4.7 nodes a second with its
     default client (20 requests/s) on this machine, so 1252 new nodes said Ready in seconds and
     took 270 s to accept a pod."""
-    def schedulable(node: RawObject) -> bool:
-        taints = (node.get("spec") or {}).get("taints") or ()
-        lifecycle = any(str(t.get("key", "")).startswith(LIFECYCLE_TAINTS) for t in taints)
-        return node_ready(node) and not lifecycle
+    taints = (node.get("spec") or {}).get("taints") or ()
+    lifecycle = any(str(t.get("key", "")).startswith(LIFECYCLE_TAINTS) for t in taints)
+    return node_ready(node) and not lifecycle
 
+
+def schedulable_count(nodes: list[RawObject]) -> int:
+    """How many of ``nodes`` are :func:`schedulable`. Pure."""
     return sum(schedulable(n) for n in nodes)
 
 
-async def wait_nodes_ready(client: KubeClient, suffix: str, count: int, timeout: float = 300.0) -> None:
-    """Until the run's ``count`` provider nodes are Ready and untainted: kwok readies a thousand of
-    them over some seconds and the node lifecycle controller untaints them over a minute or more;
-    a burst started before would time the direct pods against fewer nodes and against that
-    controller's node updates (each one a pass of every Node watcher, the provider controller's
-    GPU pool among them)."""
-    deadline = time.monotonic() + timeout
-    ready, said = 0, -1
-    while True:
-        listing = await client.list(NODES, label_selector=f"{RUN_LABEL}={suffix}")
-        ready = schedulable_count(listing["items"])
-        if ready >= count:
-            return
-        if time.monotonic() > deadline:
-            raise TimedOut(
-                f"{ready} of the run's {count} provider nodes Ready and untainted after {timeout:.0f}s"
-            )
-        if ready != said and ready:
-            print(f"provider nodes Ready and untainted: {ready} of {count}", flush=True)
-            said = ready
-        await asyncio.sleep(1.0)
+async def wait_nodes_ready(client: KubeClient, suffix: str, count: int, timeout: float = 300.0) -> float:
+    """Until the run's ``count`` provider nodes are Ready and untainted; the seconds it took.
+    kwok readies a thousand of them over some seconds and the node lifecycle controller untaints
+    them after; a burst started before would time the direct pods against fewer nodes and against
+    that controller's node updates (each one a pass of every Node watcher, the provider
+    controller's GPU pool among them). Watched, not listed again and again: a list of 1252 nodes
+    each second is load on the server the bench waits to settle."""
+    start = time.monotonic()
+    state: dict[str, bool] = {}
+    said, shown = -1, 0.0
+    try:
+        async with asyncio.timeout(timeout):
+            async for item in watch_objects(client, NODES, label_selector=f"{RUN_LABEL}={suffix}"):
+                if isinstance(item, Listed):
+                    state = {name: v for name, v in state.items() if ObjectKey(None, name) in item.keys}
+                elif item.type == "DELETED":
+                    state.pop(item.key.name, None)
+                else:
+                    state[item.key.name] = schedulable(item.object)
+                ready = sum(state.values())
+                took = time.monotonic() - start
+                if ready >= count:
+                    print(f"provider nodes Ready and untainted: all {count} after {took:.0f} s", flush=True)
+                    return took
+                if ready != said and ready and took - shown >= 1.0:
+                    print(f"provider nodes Ready and untainted: {ready} of {count}", flush=True)
+                    said, shown = ready, took
+    except TimeoutError:
+        raise TimedOut(
+            f"{sum(state.values())} of the run's {count} provider nodes Ready and untainted after "
+            f"{timeout:.0f}s"
+        ) from None
+    raise AssertionError("unreachable: the watch is endless")
 
 
 OURS = ("python -m peering", "python -m vk", "virtual kubelet")

@@ -103,9 +103,10 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     def pool_changed(change: Change) -> None:
         if change.type == "MODIFIED" and change.old == change.new:
             # nothing the pool reads moved (the caches hold projections): a node's heartbeat, a
-            # pod's conditions. A provider of 1252 nodes heartbeats four a second, and each
-            # asked for a pass over every node and pod (16 % of a core at rest, at the pace's
-            # limit; issue 15's N=10,000 bench)
+            # pod's conditions. Each asked for a pass over every node and pod. (Of the 16-17 % of
+            # a core first seen at rest in issue 15's N=10,000 bench this saved 3 points; the rest
+            # was the node lifecycle controller untainting the new nodes, which the pool does
+            # read: the bench now waits for that to end.)
             return
         pool_q.add_after(POOL, 0.1)  # batch bursts of pod events into one pass
 

@@ -35,7 +35,25 @@ def test_every_thread_of_a_process_is_pinned_and_set_free_after() -> None:
             assert threads == [len(tids)]
             assert all(os.sched_getaffinity(t) == one for t in tids)
         assert all(os.sched_getaffinity(t) == everywhere for t in tids)
-        assert pin([child.pid, 2**22 + 1], one) == len(tids), "a process gone is skipped"
+        assert len(pin([child.pid, 2**22 + 1], one)) == len(tids), "a process gone is skipped"
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_that_may_not_be_pinned_stops_the_run_with_its_name() -> None:
+    had = os.sched_getaffinity(1)
+    one = {min(os.sched_getaffinity(0))}
+    if os.geteuid() == 0:  # root may pin anything: a child that drops to nobody may not pin init
+        code = (
+            "import os, sys; sys.path.insert(0, os.getcwd()); from bench.cores import pin; os.setuid(65534)\n"
+            "try:\n    pin([1], set(map(int, sys.argv[1:])))\n"
+            "except PermissionError as exc:\n    print(exc)"
+        )
+        out = subprocess.run([sys.executable, "-c", code, *map(str, one)], capture_output=True, text=True,
+                             timeout=30)  # fmt: skip
+        assert "may not pin process 1" in out.stdout, out.stderr
+    else:
+        with pytest.raises(PermissionError, match="may not pin process 1"):
+            pin([1], one)
+    assert os.sched_getaffinity(1) == had, "nothing was left pinned"
