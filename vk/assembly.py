@@ -29,13 +29,14 @@ from typing import Any
 from kube.clients import KubeClient
 from kube.informers import Change, Informer
 from kube.manager import Controller, Manager
-from kube.objects import ObjectKey
+from kube.objects import ObjectKey, RawObject
 from kube.queueing import KeyedQueue
 from kube.reconciling import Reconciler
 
 from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET, matters_to_copies
 from .forge.node import network_condition
 from .forge.pods import ForgeOptions, matters_to_twin_sync
+from .forge.podstatus import twin_status_inputs
 from .forge.tokens import matters_to_token
 from .kubelet import KubeletContext, serve_kubelet_api
 from .kubelet.certificates import ServingCertificate
@@ -185,11 +186,13 @@ class PodSync:
 
     def local_changed(self, change: Change) -> None:
         """The consumer pod changed: its status is looked at again, unless the change is the
-        status we wrote coming back or the pod is gone or terminating; its twin only when the
-        change can matter to it (not the status written back, say)."""
+        status we wrote coming back, the pod is gone or terminating, or it has no twin yet; its
+        twin only when the change can matter to it (not the status written back, say)."""
         key = change.key
         if change.new is None or change.new["metadata"].get("deletionTimestamp"):
             self._status_has_nothing_to_write(key)
+        elif self.reflector.remote.resource_version(key) is None:
+            pass  # no twin (yet): nothing to write until it comes, and its arrival wakes a pass
         elif not self.status.echoes.is_echo(key, self.reflector.local.resource_version(key)):
             self.status_from_remote.add(key)
         if matters_to_twin_sync(change.type, change.old, change.new):
@@ -212,14 +215,17 @@ class PodSync:
         return local.synced.is_set() and local.get(key) is not None
 
     def remote_changed(self, change: Change) -> None:
-        """The twin changed: the consumer pod's status is looked at again (unless the twin is
-        gone); the twin itself only when the change can matter to it (not its binding or its
-        status), and not when it is the twin we just created coming back."""
+        """The twin changed: the consumer pod's status is looked at again, unless the twin is
+        gone or changed in nothing status back reads (its binding); the twin itself only when
+        the change can matter to it (not its binding or its status), and not when it is the twin
+        we just created coming back."""
         key = change.key
         if change.new is None:
             self._status_has_nothing_to_write(key)
-        else:
+        elif change.old is None or twin_status_inputs(change.old) != twin_status_inputs(change.new):
             self.status_from_remote.add(key)
+        else:  # its binding, say: the consumer pod's status stays what it was
+            self.status.twin_moved_on(key, _version(change.old), _version(change.new))
         version = self.reflector.remote.resource_version(key)
         if change.new is not None and self.reflector.echoes.is_echo(key, version):
             return
@@ -229,6 +235,10 @@ class PodSync:
             self.to_remote.add(key)
         else:
             self.reflector.still_in_sync(key, change, "twin")
+
+
+def _version(obj: RawObject) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def add_pod_sync(

@@ -103,6 +103,14 @@ class PodStatusReflector:
         seen = self._in_sync.get(key)
         return seen is not None and seen == (self.local.resource_version(key), twin_version, self.remap_ip)
 
+    def twin_moved_on(self, key: ObjectKey, old_version: str | None, new_version: str | None) -> None:
+        """The twin changed from ``old_version`` to ``new_version`` in nothing status back reads
+        (:func:`vk.forge.podstatus.twin_status_inputs`): a pass that found the pair in sync with
+        the old twin holds for the new one, and a resync need not redo it."""
+        seen = self._in_sync.get(key)
+        if seen is not None and old_version is not None and seen[1] == old_version:
+            self._in_sync[key] = (seen[0], new_version, seen[2])
+
     def forget(self, key: ObjectKey) -> None:
         """Drop what is kept about ``key``'s pair: with the pod gone or terminating, or its twin
         gone, status back has nothing to write (a pass would find just that)."""
@@ -149,7 +157,6 @@ class PodStatusReflector:
         if new_status.get("phase") != old_phase:
             object_logger(logger, "Pod", key).info("phase %s -> %s", old_phase, new_status.get("phase"))
         return None
-
 
     async def _claim_status_back(self, key: ObjectKey, local: RawObject, remote: RawObject) -> None:
         """Write, on each of the consumer pod's ResourceClaims, which real device the provider
@@ -201,4 +208,5 @@ def observe_since(local: RawObject, stage: str) -> None:
 def _parse_time(value: str | None) -> float | None:
     if not value:
         return None
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    # fromisoformat reads the API's "Z" since Python 3.11, at a tenth of strptime's cost
+    return datetime.fromisoformat(value).replace(tzinfo=UTC).timestamp()

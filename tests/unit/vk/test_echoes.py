@@ -26,7 +26,8 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     pod = consumer_pod()
     vk.consumer.objects[pod["metadata"]["name"]] = pod
     vk.local._apply(WatchEvent("ADDED", pod))
-    assert vk.pending() == ({KEY},) * 3
+    # no twin yet: status back has nothing to write, and the twin's arrival wakes it
+    assert vk.pending() == ({KEY}, NONE, {KEY})
     vk.drain()
 
     assert await vk.pods.reconcile(KEY) is None
@@ -38,10 +39,23 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     assert vk.pods.settled(KEY), "a resync finds the pair in sync without a pass"
     vk.drain()
 
-    # the provider's scheduler binds it and its node runs it: status back writes that
-    running = copy.deepcopy(created)
-    running["metadata"]["resourceVersion"] = str(vk.provider.version + 1)
-    running["spec"]["nodeName"] = "gpu-h100-3"
+    assert await vk.status.reconcile(KEY) is None
+    assert vk.consumer.writes == [("create", "serviceaccounts", "token")], "the twin as made changes nothing"
+    assert vk.status.settled(KEY)
+
+    # the provider's scheduler binds it: nothing status back reads changes, so no pass, and a
+    # resync still finds the pair in sync
+    bound = copy.deepcopy(created)
+    bound["metadata"]["resourceVersion"] = str(vk.provider.version + 1)
+    bound["spec"]["nodeName"] = "gpu-h100-3"
+    bound["status"] = {**bound.get("status", {}), "conditions": [{"type": "PodScheduled", "status": "True"}]}
+    vk.twins._apply(WatchEvent("MODIFIED", bound))
+    assert vk.pending() == (NONE, NONE, NONE)
+    assert vk.status.settled(KEY) and vk.pods.settled(KEY)
+
+    # its node runs it: status back writes that
+    running = copy.deepcopy(bound)
+    running["metadata"]["resourceVersion"] = str(vk.provider.version + 2)
     running["status"] = {"phase": "Running", "podIP": "10.244.3.7", "startTime": "2024-06-01T10:00:03Z"}
     vk.twins._apply(WatchEvent("MODIFIED", running))
     assert vk.pending() == (NONE, {KEY}, NONE)
@@ -65,13 +79,17 @@ async def test_the_twin_created_and_the_status_written_come_back_without_a_pass(
     assert vk.pending() == (NONE, {KEY}, NONE)
     assert not vk.status.settled(KEY)
 
-    # and a twin changed by anyone else wakes the twin sync as before
+    vk.drain()
+
+    # and a twin changed by anyone else wakes the twin sync as before, not status back when
+    # its status is the same
     relabelled = copy.deepcopy(running)
-    relabelled["metadata"]["resourceVersion"] = str(vk.provider.version + 2)
+    relabelled["metadata"]["resourceVersion"] = str(vk.provider.version + 3)
     relabelled["metadata"]["labels"]["app"] = "tampered"
     vk.twins._apply(WatchEvent("MODIFIED", relabelled))
     assert KEY in vk.to_remote.pending
     assert not vk.pods.settled(KEY)
+    assert KEY not in vk.back.pending
 
 
 def test_echoes_are_exactly_our_last_write_and_go_with_it() -> None:

@@ -1,16 +1,27 @@
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from kube.objects import ObjectKey
+from vk.forge.labels import (
+    MANAGED_BY,
+    MANAGED_BY_VALUE,
+    ORIGIN_CLUSTER_ID,
+    ORIGIN_NAME,
+    ORIGIN_NAMESPACE,
+    ORIGIN_UID,
+)
 from vk.forge.podstatus import (
     Explanation,
     local_status,
     pending_explanation,
     status_patch,
     status_patch_needed,
+    twin_status_inputs,
 )
 from vk.reflection.informers import PodPhases
+from vk.reflection.podstatus import _parse_time
 
 HOST = "10.0.0.42"
 UNSCHEDULABLE = "0/7 nodes are available: 7 Insufficient nvidia.com/gpu"
@@ -235,3 +246,35 @@ def test_pods_per_phase_follow_the_changes_not_the_store() -> None:
     phases.update(a, {"metadata": {"name": "a"}, "status": {"phase": "Running"}})
     phases.update(b, None)
     assert phases.counts() == {"Running": 1}
+
+
+def test_what_status_back_reads_from_a_twin_leaves_out_its_binding_only() -> None:
+    created = pending_twin(None)
+    created["spec"] = {"schedulerName": "default-scheduler"}
+    bound = copy.deepcopy(created)
+    bound["spec"]["nodeName"] = "gpu-node-2"
+    bound["metadata"]["resourceVersion"] = "9"
+    bound["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    assert twin_status_inputs(bound) == twin_status_inputs(created)
+    # and where equal, the consumer's status is the same
+    forged = [local_status(twin, remap_ip=_remap, host_ip=HOST) for twin in (bound, created)]
+    assert forged[0] == forged[1]
+
+    refused = pending_twin({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                            "message": UNSCHEDULABLE})  # fmt: skip
+    assert twin_status_inputs(refused) != twin_status_inputs(created), "a refusal is said on the consumer"
+    assert twin_status_inputs(running_twin()) != twin_status_inputs(created)
+    ready = running_twin()
+    ready["status"]["conditions"][2]["status"] = "False"
+    assert twin_status_inputs(ready) != twin_status_inputs(running_twin())
+    mine, older = copy.deepcopy(created), copy.deepcopy(created)
+    for twin, uid in ((mine, "uid-2"), (older, "uid-1")):
+        twin["metadata"]["labels"] = {MANAGED_BY: MANAGED_BY_VALUE}
+        twin["metadata"]["annotations"] = {ORIGIN_CLUSTER_ID: "ml-eu", ORIGIN_NAMESPACE: "ml",
+                                           ORIGIN_NAME: "train-0", ORIGIN_UID: uid}  # fmt: skip
+    assert twin_status_inputs(mine) != twin_status_inputs(older), "whose twin it is matters"
+
+
+def test_creation_times_are_read_as_utc() -> None:
+    assert _parse_time("2024-06-01T10:00:03Z") == 1717236003.0
+    assert _parse_time(None) is None and _parse_time("") is None

@@ -68,7 +68,7 @@ def test_metadata_additions_deletions_and_deleting_wake_it() -> None:
     assert matters_to_twin_sync("DELETED", None, None)  # a twin gone with its namespace
 
 
-async def test_pod_sync_queues_status_always_and_the_twin_sync_when_it_matters() -> None:
+async def test_pod_sync_queues_status_and_twin_sync_each_when_the_change_matters_to_it() -> None:
     vk = VirtualKubelet()  # assembled for real, its informers fed by hand
     local = consumer_pod()
     local["metadata"]["resourceVersion"] = "48213"
@@ -81,6 +81,11 @@ async def test_pod_sync_queues_status_always_and_the_twin_sync_when_it_matters()
     bound = _bumped(created)
     bound["spec"]["nodeName"] = "gpu-h100-3"
     vk.twins._apply(WatchEvent("MODIFIED", bound))
+    assert vk.back.pending == frozenset() and vk.to_remote.pending == frozenset()
+
+    started = _bumped(bound)
+    started["status"] = {"phase": "Running"}
+    vk.twins._apply(WatchEvent("MODIFIED", started))
     assert vk.back.pending == {KEY} and vk.to_remote.pending == frozenset()
 
     new = _bumped(local)
