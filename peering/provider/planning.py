@@ -63,7 +63,10 @@ __all__ = [
     "SliceRequest",
     "allocate",
     "free_capacity",
+    "free_capacity_of_use",
     "node_is_usable",
+    "pod_use",
+    "pod_use_of",
     "reservations_of",
     "selector_matches",
     "slice_request",
@@ -166,6 +169,30 @@ def _add_to(acc: ResourceList, amounts: Mapping[str, Decimal]) -> None:
         acc[res] = acc.get(res, Decimal(0)) + amount
 
 
+PodUse = dict[tuple[str, str], ResourceList]
+"""(namespace, node) → the requests of that namespace's pods holding room on that node, with
+``pods`` counting them: all :func:`free_capacity_of_use` needs to know of the pods."""
+
+
+def pod_use_of(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ResourceList] | None:
+    """((namespace, node), requests with ``pods: 1``) of a pod that holds room on its node;
+    ``None`` for one that does not (not bound, or finished). Pure."""
+    node_name = (pod.get("spec") or {}).get("nodeName")
+    if not node_name or (pod.get("status") or {}).get("phase") in _TERMINAL:
+        return None
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    return (namespace, node_name), {**pod_requests(pod), "pods": Decimal(1)}
+
+
+def pod_use(pods: Iterable[Mapping[str, Any]]) -> PodUse:
+    """The :data:`PodUse` of ``pods``, summed. Pure."""
+    use: PodUse = {}
+    for pod in pods:
+        if (entry := pod_use_of(pod)) is not None:
+            _add_to(use.setdefault(entry[0], {}), entry[1])
+    return use
+
+
 def free_capacity(
     nodes: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
@@ -174,7 +201,20 @@ def free_capacity(
     devices: Mapping[str, ResourceList] | None = None,
     device_use: Mapping[tuple[str, str], ResourceList] | None = None,
 ) -> list[NodeFree]:
-    """Usable nodes with allocatable minus the requests of their non-terminated pods.
+    """Usable nodes with allocatable minus the requests of their non-terminated pods:
+    :func:`free_capacity_of_use` of :func:`pod_use` of ``pods``."""
+    return free_capacity_of_use(nodes, pod_use(pods), twin_namespaces, reservations, devices, device_use)
+
+
+def free_capacity_of_use(
+    nodes: Iterable[Mapping[str, Any]],
+    use: Mapping[tuple[str, str], Mapping[str, Decimal]],
+    twin_namespaces: Mapping[str, str] | frozenset[str] = frozenset(),
+    reservations: Mapping[str, Mapping[str, ResourceList]] | None = None,
+    devices: Mapping[str, ResourceList] | None = None,
+    device_use: Mapping[tuple[str, str], ResourceList] | None = None,
+) -> list[NodeFree]:
+    """Usable nodes with allocatable minus what the pods of ``use`` (:data:`PodUse`) request.
 
     ``devices`` adds what a node has beyond its allocatable: its DRA devices per DeviceClass
     (:func:`peering.provider.devices.node_devices`); ``device_use``, (namespace, node) → the
@@ -186,21 +226,16 @@ def free_capacity(
     (``reservations``: consumer ID → node → resources, from the grants in force) counts against
     the node. A consumer that places twin pods outside its grant's nodes thus makes those nodes
     less free for everyone else, and the pool never hands out what is really occupied.
+    Pure; a pass costs the (namespace, node) pairs and the nodes, not the pods (issue 15).
     """
     tenants = twin_namespaces if isinstance(twin_namespaces, Mapping) else dict.fromkeys(twin_namespaces, "")
     used: dict[str, ResourceList] = {}
     twin_use: dict[tuple[str, str], ResourceList] = {}
-    for pod in pods:
-        md = pod.get("metadata") or {}
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        if not node_name or (pod.get("status") or {}).get("phase") in _TERMINAL:
-            continue
-        requests = {**pod_requests(pod), "pods": Decimal(1)}
-        namespace = str(md.get("namespace") or "")
+    for (namespace, node_name), amounts in use.items():
         if namespace in tenants:
-            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), requests)
+            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), amounts)
         else:
-            _add_to(used.setdefault(node_name, {}), requests)
+            _add_to(used.setdefault(node_name, {}), amounts)
     for (namespace, node_name), amounts in (device_use or {}).items():
         if namespace in tenants:
             _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), amounts)

@@ -3,8 +3,8 @@
 All grant decisions happen in one place, on one queue key (:data:`POOL`), so they are
 serialized: two tenants competing for the same GPUs are decided in the same pass, oldest slice
 first (:func:`peering.provider.planning.allocate`). Any change to nodes (cordoned, drained,
-deleted, added), to non-twin pods, or to a slice's spec queues the pass again; statuses that
-did not change are not written.
+deleted, added), to pods (read as sums per namespace and node, :mod:`peering.provider.usage`),
+or to a slice's spec queues the pass again; statuses that did not change are not written.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ from ..conditions import set_condition
 from ..resources import GPUSLICES, LABEL_TENANT, TENANT_NAMESPACE_PREFIX
 from .devices import allocated, class_selector, granted_devices, node_devices
 from .events import record_event
-from .planning import Decision, allocate, free_capacity, reservations_of, slice_request, slice_status
+from .planning import Decision, allocate, free_capacity_of_use, reservations_of, slice_request, slice_status
 from .settings import ProviderSettings
+from .usage import PodUse
 
 __all__ = ["POOL", "DraCaches", "PoolReconciler", "project_node", "project_pod"]
 
@@ -103,6 +104,12 @@ class PoolReconciler:
         self.requests = requests
         """The tenants' twin-namespace requests (NamespaceOffloadings): their waiting blocks."""
         self.settings = settings
+        self.usage = PodUse()
+        """What the pods request per namespace and node, kept as they change: a pass reads the
+        sums instead of every pod (:mod:`peering.provider.usage`)."""
+        for key, pod in pods.items():
+            self.usage.set(key, pod)
+        pods.add_handler(self.usage.changed)
         self.pacer = Pacer(factor=settings.pool_pace)
         """Every pod change asks for a pass over every node and pod: a burst of pods on a large
         provider made passes back to back (see :mod:`kube.pacing`)."""
@@ -132,8 +139,8 @@ class PoolReconciler:
         twin_tenants = {meta(ns)["name"]: labels(ns).get(LABEL_TENANT, "") for ns in self.twins.values()}
         slices = {ObjectKey.of(s): s for s in self.slices.values() if not meta(s).get("deletionTimestamp")}
         devices, device_use = self.dra.devices() if self.dra is not None else ({}, {})
-        free = free_capacity(
-            self.nodes.values(), self.pods.values(), twin_tenants, reservations_of(slices.values()),
+        free = free_capacity_of_use(
+            self.nodes.values(), self.usage.sums, twin_tenants, reservations_of(slices.values()),
             devices=devices, device_use=device_use,
         )  # fmt: skip
         requests = []
