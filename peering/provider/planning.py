@@ -38,10 +38,11 @@ resource gets something), or denied with a reason (``NoMatchingNodes``, ``Insuff
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from kube.accelerators import closest, dra_class, gpu_equivalent, is_device, lead_resource, mig_profile
 from kube.api import GPU_RESOURCE
@@ -74,6 +75,7 @@ __all__ = [
 ]
 
 GPU = GPU_RESOURCE
+_K = TypeVar("_K")
 _MILLI = Decimal("0.001")
 _GFD_PREFIX = "nvidia.com/"
 _TERMINAL = frozenset({"Succeeded", "Failed"})
@@ -169,6 +171,26 @@ def _add_to(acc: ResourceList, amounts: Mapping[str, Decimal]) -> None:
         acc[res] = acc.get(res, Decimal(0)) + amount
 
 
+def _plus(acc: dict[_K, Mapping[str, Decimal]], key: _K, amounts: Mapping[str, Decimal]) -> None:
+    """``acc[key] += amounts`` without changing a dict held elsewhere: the first amounts are
+    kept as given (and only read), a second sum is a new dict (a pass over kept sums copies
+    none of the many a node holds once)."""
+    current = acc.get(key)
+    if current is None:
+        acc[key] = amounts
+        return
+    total = dict(current)
+    _add_to(total, amounts)
+    acc[key] = total
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_allocatable(items: tuple[tuple[str, Any], ...]) -> ResourceList:
+    """A node's allocatable, parsed once per distinct value (a pass reads every node's; a
+    provider's nodes mostly share a few). Shared: read only."""
+    return parse_resource_list(dict(items))
+
+
 PodUse = dict[tuple[str, str], ResourceList]
 """(namespace, node) → the requests of that namespace's pods holding room on that node, with
 ``pods`` counting them: all :func:`free_capacity_of_use` needs to know of the pods."""
@@ -229,29 +251,29 @@ def free_capacity_of_use(
     Pure; a pass costs the (namespace, node) pairs and the nodes, not the pods (issue 15).
     """
     tenants = twin_namespaces if isinstance(twin_namespaces, Mapping) else dict.fromkeys(twin_namespaces, "")
-    used: dict[str, ResourceList] = {}
-    twin_use: dict[tuple[str, str], ResourceList] = {}
+    used: dict[str, Mapping[str, Decimal]] = {}
+    twin_use: dict[tuple[str, str], Mapping[str, Decimal]] = {}
     for (namespace, node_name), amounts in use.items():
         if namespace in tenants:
-            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), amounts)
+            _plus(twin_use, (tenants[namespace], node_name), amounts)
         else:
-            _add_to(used.setdefault(node_name, {}), amounts)
+            _plus(used, node_name, amounts)
     for (namespace, node_name), amounts in (device_use or {}).items():
         if namespace in tenants:
-            _add_to(twin_use.setdefault((tenants[namespace], node_name), {}), amounts)
+            _plus(twin_use, (tenants[namespace], node_name), amounts)
         else:
-            _add_to(used.setdefault(node_name, {}), amounts)
+            _plus(used, node_name, amounts)
     for (tenant, node_name), amounts in twin_use.items():
         reserved = ((reservations or {}).get(tenant) or {}).get(node_name) or {}
         beyond = {res: amount - reserved.get(res, Decimal(0)) for res, amount in amounts.items()}
-        _add_to(used.setdefault(node_name, {}), {res: v for res, v in beyond.items() if v > 0})
+        _plus(used, node_name, {res: v for res, v in beyond.items() if v > 0})
     out: list[NodeFree] = []
     for node in nodes:
         if not node_is_usable(node):
             continue
         md = node.get("metadata") or {}
         alloc = {
-            **parse_resource_list((node.get("status") or {}).get("allocatable")),
+            **_parsed_allocatable(tuple(((node.get("status") or {}).get("allocatable") or {}).items())),
             **((devices or {}).get(md["name"]) or {}),
         }
         taken = used.get(md["name"], {})

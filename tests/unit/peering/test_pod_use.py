@@ -3,6 +3,7 @@ sequence of additions, bindings, finishings, deletions and relists, and for the 
 
 from __future__ import annotations
 
+import copy
 import random
 from decimal import Decimal
 from typing import Any
@@ -99,4 +100,14 @@ async def test_the_pool_pass_frees_what_the_pods_free_without_reading_them() -> 
     expected = free_capacity(nodes.values(), pods.values())
     assert free_capacity_of_use(nodes.values(), reconciler.usage.sums) == expected
     free = {n.name: n.free["nvidia.com/gpu"] for n in expected}
+    # twin pods and others on one node, a grant there: the pass sums them, changing no kept sum
+    pods._apply(WatchEvent("ADDED", pod("twin-0", "gpuferry-tenant-x", node="gpu-b", gpus=2)))
+    kept = copy.deepcopy(dict(reconciler.usage.sums))
+    twins_of = {"gpuferry-tenant-x": "x"}
+    reserved = {"x": {"gpu-b": {"nvidia.com/gpu": Decimal(1)}}}
+    for _ in range(2):
+        again = free_capacity_of_use(nodes.values(), reconciler.usage.sums, twins_of, reserved)
+        assert again == free_capacity(nodes.values(), pods.values(), twins_of, reserved)
+        assert {n.name: n.free["nvidia.com/gpu"] for n in again}["gpu-b"] == Decimal(3)
+    assert dict(reconciler.usage.sums) == kept
     assert free == {"gpu-a": Decimal(5), "gpu-b": Decimal(4), "gpu-c": Decimal(8)}, "the first pod counts too"
