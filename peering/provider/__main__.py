@@ -30,7 +30,7 @@ async def _main(args: argparse.Namespace) -> None:
             leader_elect=leader.enabled, lease_namespace=leader.namespace, lease_name=leader.name,
             lease_seconds=leader.lease_seconds, renew_seconds=leader.renew_seconds,
             queue=QueueSettings.from_env(workers=args.workers), watch=WatchSettings.from_env(),
-            probes=probe_settings(args), pool_pace=args.pool_pace,
+            probes=probe_settings(args), pool_pace=args.pool_pace, pool_pod_batch=args.pool_pod_batch,
         )  # fmt: skip
         await run_provider(client, settings=settings, handle_signals=True)
 
@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         help="after a pass over the GPU pool, wait this many times as long as it took before the next "
         f"(at most 2 s; default {defaults.pool_pace:g}: passes take at most a fifth of a core in a "
         "burst of pods; 0: no wait)",
+    )
+    parser.add_argument(
+        "--pool-pod-batch",
+        type=_not_negative,
+        default=defaults.pool_pod_batch,
+        help="seconds from a pod's change to the GPU pool's pass that counts it, with the pod changes "
+        f"meanwhile (default {defaults.pool_pod_batch:g}; nodes, GPUSlices: 0.1)",
     )
     add_runtime_arguments(parser, lease_name=defaults.lease_name)
     args = parser.parse_args(argv)

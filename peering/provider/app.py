@@ -100,7 +100,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
                            field_selector=f"metadata.name={DECLARATION_NAME}", settings=watch)  # fmt: skip
 
-    def pool_changed(change: Change) -> None:
+    def pool_changed(change: Change, batch: float = 0.1) -> None:
         if change.type == "MODIFIED" and change.old == change.new:
             # nothing the pool reads moved (the caches hold projections): a node's heartbeat, a
             # pod's conditions. Each asked for a pass over every node and pod. (Of the 16-17 % of
@@ -108,7 +108,10 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
             # was the node lifecycle controller untainting the new nodes, which the pool does
             # read: the bench now waits for that to end.)
             return
-        pool_q.add_after(POOL, 0.1)  # batch bursts of pod events into one pass
+        pool_q.add_after(POOL, batch)  # one pass for the changes meanwhile
+
+    def pod_changed(change: Change) -> None:
+        pool_changed(change, settings.pool_pod_batch)
 
     def tenant_ns_changed(namespace: str | None) -> None:
         if namespace and namespace.startswith(TENANT_NAMESPACE_PREFIX):
@@ -170,7 +173,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
                 tenant_ns_changed(key.namespace)
 
     dra.classes.add_handler(device_class_changed)
-    pods.add_handler(pool_changed)
+    pods.add_handler(pod_changed)
     slices.add_handler(slice_changed)
     twin_namespaces.add_handler(twin_ns_changed)
     tenants.add_handler(tenant_changed)

@@ -99,12 +99,13 @@ def test_a_kubeconfig_that_is_not_one_is_one_line(tmp_path: Path, content: bytes
 @pytest.mark.parametrize(
     ("value", "said"), [("-1", "must be 0 or more, not -1"), ("fast", "not a number: 'fast'")]
 )
+@pytest.mark.parametrize("flag", ["--pool-pace", "--pool-pod-batch"])
 def test_the_provider_controller_refuses_a_pool_pace_that_is_not_a_rest(
-    value: str, said: str, capsys: pytest.CaptureFixture[str]
+    flag: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from peering.provider.__main__ import main
 
     with pytest.raises(SystemExit) as exited:
-        main(["--pool-pace", value])
+        main([flag, value])
     assert exited.value.code == 2
-    assert f"argument --pool-pace: {said}" in capsys.readouterr().err
+    assert f"argument {flag}: {said}" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from kube.manager import Controller
 from kube.objects import NODES, PODS
 from kube.watching import WatchEvent
 from peering.provider.app import build_provider
+from peering.provider.settings import ProviderSettings
 from peering.provider.slices import POOL
 
 
@@ -36,7 +37,8 @@ def pod(phase: str, condition: str) -> dict[str, Any]:
 
 
 async def test_a_pass_follows_what_the_pool_reads_and_not_a_heartbeat() -> None:
-    manager = build_provider(KubeClient(Connection(server="https://127.0.0.1:1")))
+    settings = ProviderSettings(pool_pod_batch=0.1)  # a pod's change as soon as a node's
+    manager = build_provider(KubeClient(Connection(server="https://127.0.0.1:1")), settings=settings)
     (pool,) = [c for c in manager.controllers if c.name == "pool"]
     informers: dict[object, Informer] = {i.resource: i for i in pool.informers}
 
@@ -61,3 +63,26 @@ async def test_a_pass_follows_what_the_pool_reads_and_not_a_heartbeat() -> None:
 async def take(controller: Controller) -> None:
     key = await controller.queue.get()
     controller.queue.done(key)
+
+
+async def test_pod_changes_come_to_one_pass_after_the_pod_batch_a_nodes_at_once() -> None:
+    settings = ProviderSettings(pool_pod_batch=0.4)
+    manager = build_provider(KubeClient(Connection(server="https://127.0.0.1:1")), settings=settings)
+    (pool,) = [c for c in manager.controllers if c.name == "pool"]
+    informers: dict[object, Informer] = {i.resource: i for i in pool.informers}
+    started = asyncio.get_running_loop().time()
+    informers[PODS].receive(WatchEvent("ADDED", pod("Pending", "False")))
+    await asyncio.sleep(0.15)
+    informers[PODS].receive(WatchEvent("MODIFIED", pod("Running", "True")))
+    assert POOL in pool.queue.pending and POOL not in pool.queue._dirty, "not due yet"
+    await take(pool)  # one pass for both, when the batch is up
+    assert asyncio.get_running_loop().time() - started >= 0.4
+    assert POOL not in pool.queue.pending
+
+    started = asyncio.get_running_loop().time()
+    informers[PODS].receive(WatchEvent("DELETED", pod("Running", "True")))
+    informers[NODES].receive(WatchEvent("ADDED", gpu_node("t1")))
+    await take(pool)  # the node's change brings the pass forward, the pod's counted in it
+    assert asyncio.get_running_loop().time() - started < 0.3
+    await asyncio.sleep(0.5)
+    assert POOL not in pool.queue.pending, "the pod's later add was dropped for the earlier one"
