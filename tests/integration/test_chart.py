@@ -124,12 +124,14 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
     # the provider's pacing, as --set gives a fraction (a string: the schema takes it)
     rendered = helm(consumer, "template", "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE,
                     "--set", "clusterID=ml-eu", "--set", "provider.enabled=true",
-                    "--set", "provider.poolPace=0.5", *NETWORK_VALUES).stdout  # fmt: skip
+                    "--set", "provider.poolPace=0.5", "--set", "provider.poolPodBatch=2.5",
+                    *NETWORK_VALUES).stdout  # fmt: skip
     wanted = ("Deployment", "gpuferry-provider")
     deployment = next(
         d for d in yaml.safe_load_all(rendered) if d and (d["kind"], d["metadata"]["name"]) == wanted
     )
-    assert "--pool-pace=0.5" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pool-pace=0.5" in args and "--pool-pod-batch=2.5" in args
 
 
 @pytest.mark.parametrize(
@@ -141,6 +143,7 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         (["--set", "clusterID=ml-eu", "--set", "image.pullPolicy=Sometimes"], "must be one of"),
         (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=-1"], "minimum"),
         (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=fast"], "does not match pattern"),
+        (["--set", "clusterID=ml-eu", "--set", "provider.poolPodBatch=-1"], "minimum"),
         (
             ["--set", "clusterID=ml-eu", "--namespace", "default"],
             "install gpuferry into the namespace gpuferry-system",
