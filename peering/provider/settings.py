@@ -21,9 +21,9 @@ class ProviderSettings:
     resync_seconds: float = 300.0
     """Every Tenant and the GPU pool are reconciled again after this long, changes or not."""
     pool_pace: float = 4.0
-    """After a pass over the GPU pool (every node and pod), the next one waits this many times
-    as long as it took (at most 2 s): the passes take at most 1/(1 + pool_pace) of a core in a
-    burst of pods (:mod:`kube.pacing`). 0: no wait beyond the 0.1 s that batches a burst."""
+    """After a pass over the GPU pool (every node, the pods' kept sums), the next one waits this
+    many times as long as it took (at most 2 s): the passes take at most 1/(1 + pool_pace) of a
+    core in a burst (:mod:`kube.pacing`). 0: no wait beyond the batching of the changes."""
     pool_pod_batch: float = 1.0
     """A pod's change asks for a pass over the GPU pool this many seconds later, with the pod
     changes meanwhile (a node's, a GPUSlice's or a waiting block's after 0.1 s). A pod moves no

@@ -111,8 +111,9 @@ class PoolReconciler:
             self.usage.set(key, pod)
         pods.add_handler(self.usage.changed)
         self.pacer = Pacer(factor=settings.pool_pace)
-        """Every pod change asks for a pass over every node and pod: a burst of pods on a large
-        provider made passes back to back (see :mod:`kube.pacing`)."""
+        """Every change the pool reads asks for a pass over every node (a pod's after
+        ``pool_pod_batch``): a burst on a large provider made passes back to back (see
+        :mod:`kube.pacing`)."""
 
     def _waiting_blocks(self) -> dict[str, Decimal]:
         """Tenant namespace → GPUs of its largest pod waiting for a block."""
