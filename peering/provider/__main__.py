@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         "--pool-pod-batch",
         type=_not_negative,
         default=defaults.pool_pod_batch,
-        help="seconds from a pod's change to the GPU pool's pass that counts it, with the pod changes "
-        f"meanwhile (default {defaults.pool_pod_batch:g}; nodes, GPUSlices: 0.1)",
+        help="seconds from a pod's or ResourceClaim's change to the GPU pool's pass that counts it, "
+        f"with the changes meanwhile (default {defaults.pool_pod_batch:g}; nodes, GPUSlices: 0.1)",
     )
     add_runtime_arguments(parser, lease_name=defaults.lease_name)
     args = parser.parse_args(argv)

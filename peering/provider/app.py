@@ -164,8 +164,9 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
                 tenant_ns_changed(key.namespace)
 
     nodes.add_handler(node_changed)
-    for informer in dra:
-        informer.add_handler(pool_changed)
+    dra.resource_slices.add_handler(pool_changed)
+    dra.classes.add_handler(pool_changed)
+    dra.claims.add_handler(pod_changed)  # allocated and freed with its pod: batched as pods are
 
     def device_class_changed(change: Change) -> None:
         if (change.old is None) != (change.new is None):

@@ -25,10 +25,10 @@ class ProviderSettings:
     many times as long as it took (at most 2 s): the passes take at most 1/(1 + pool_pace) of a
     core in a burst (:mod:`kube.pacing`). 0: no wait beyond the batching of the changes."""
     pool_pod_batch: float = 1.0
-    """A pod's change asks for a pass over the GPU pool this many seconds later, with the pod
-    changes meanwhile (a node's, a GPUSlice's or a waiting block's after 0.1 s). A pod moves no
-    grant, only the free room the next decision sees; in a burst of pods on the provider, passes
-    ran every 0.1 s plus their pace, a tenth of a core at 1250 nodes (issue 15)."""
+    """A pod's or a ResourceClaim's change asks for a pass over the GPU pool this many seconds
+    later, with the changes meanwhile (a node's, a GPUSlice's or a waiting block's after 0.1 s).
+    A pod moves no grant, only the free room the next decision sees; in a burst of pods on the
+    provider, passes ran every 0.1 s plus their pace, a tenth of a core at 1250 nodes (issue 15)."""
     quota_sync_retry: float = 0.5
     """How soon to look again while the quota controller has not synced a lowered quota."""
     leader_elect: bool = True

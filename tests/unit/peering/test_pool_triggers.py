@@ -9,7 +9,7 @@ from kube.clients import KubeClient
 from kube.informers import Informer
 from kube.kubeconfigs import Connection
 from kube.manager import Controller
-from kube.objects import NODES, PODS
+from kube.objects import NODES, PODS, RESOURCECLAIMS
 from kube.watching import WatchEvent
 from peering.provider.app import build_provider
 from peering.provider.settings import ProviderSettings
@@ -86,3 +86,18 @@ async def test_pod_changes_come_to_one_pass_after_the_pod_batch_a_nodes_at_once(
     assert asyncio.get_running_loop().time() - started < 0.3
     await asyncio.sleep(0.5)
     assert POOL not in pool.queue.pending, "the pod's later add was dropped for the earlier one"
+
+
+async def test_a_claims_change_is_batched_as_a_pods_is() -> None:
+    settings = ProviderSettings(pool_pod_batch=0.4)
+    manager = build_provider(KubeClient(Connection(server="https://127.0.0.1:1")), settings=settings)
+    (pool,) = [c for c in manager.controllers if c.name == "pool"]
+    informers: dict[object, Informer] = {i.resource: i for i in pool.informers}
+    metadata = {"name": "gpu", "namespace": "ml", "uid": "c-0", "resourceVersion": "1"}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": metadata}
+    started = asyncio.get_running_loop().time()
+    informers[RESOURCECLAIMS].receive(WatchEvent("ADDED", claim))
+    await asyncio.sleep(0.15)
+    assert POOL in pool.queue.pending and POOL not in pool.queue._dirty, "not due yet"
+    await take(pool)
+    assert asyncio.get_running_loop().time() - started >= 0.4
