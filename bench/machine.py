@@ -71,10 +71,13 @@ class Burst:
     total: float
     by: Counter[str]
 
-    def summary(self, pods: int, *, top: int = 6) -> str:
-        """``41.9 ms CPU per pod, cores 95 % busy: kube-apiserver (consumer) 10.8, …``."""
+    def summary(self, pods: int, *, top: int = 6, always: tuple[str, ...] = ()) -> str:
+        """``41.9 ms CPU per pod, cores 95 % busy: kube-apiserver (consumer) 10.8, …``: the
+        ``top`` busiest, then those whose names start with one of ``always`` wherever they rank."""
         share = self.busy / self.total * 100 if self.total > 0 else 0.0
-        parts = ", ".join(f"{name} {seconds / pods * 1000:.1f}" for name, seconds in self.by.most_common(top))
+        ranked = self.by.most_common()
+        shown = [*ranked[:top], *((k, v) for k, v in ranked[top:] if always and k.startswith(always))]
+        parts = ", ".join(f"{name} {seconds / pods * 1000:.1f}" for name, seconds in shown)
         return f"{self.busy / pods * 1000:.1f} ms CPU per pod, cores {share:.0f} % busy ({parts} ms)"
 
 

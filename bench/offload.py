@@ -608,7 +608,7 @@ def machine_lines(direct: Timed, offloaded: Timed, n: int) -> list[str]:
     lines = []
     for side, timed in (("direct", direct), ("offloaded", offloaded)):
         if timed.machine is not None:
-            lines.append(f"  machine, {side}: {timed.machine.summary(n)}")
+            lines.append(f"  machine, {side}: {timed.machine.summary(n, always=OURS)}")
     if direct.machine is not None and offloaded.machine is not None and direct.machine.busy > 0:
         lines.append(f"  machine: the offloaded burst's CPU per pod is "
                      f"{offloaded.machine.busy / direct.machine.busy:.2f}x the direct one's (the time "

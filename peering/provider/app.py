@@ -103,7 +103,7 @@ def build_provider(client: KubeClient, *, settings: ProviderSettings | None = No
     def pool_changed(change: Change, batch: float = 0.1) -> None:
         if change.type == "MODIFIED" and change.old == change.new:
             # nothing the pool reads moved (the caches hold projections): a node's heartbeat, a
-            # pod's conditions. Each asked for a pass over every node and pod. (Of the 16-17 % of
+            # pod's conditions. Each asked for a pass over the pool. (Of the 16-17 % of
             # a core first seen at rest in issue 15's N=10,000 bench this saved 3 points; the rest
             # was the node lifecycle controller untainting the new nodes, which the pool does
             # read: the bench now waits for that to end.)

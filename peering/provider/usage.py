@@ -10,16 +10,20 @@ when it is bound and taken back when it finishes or goes: a pass reads the sums.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from decimal import Decimal
 
 from kube.informers import Change
+from kube.logs import object_logger
 from kube.objects import ObjectKey, RawObject
-from kube.quantities import ResourceList, add, sub
+from kube.quantities import ResourceList, SharedLists, add, sub
 
 from .planning import pod_use_of
 
 __all__ = ["PodUse"]
+
+logger = logging.getLogger(__name__)
 
 _SHARED_REQUESTS = 256
 """Distinct pod requests kept as one shared dict each (a burst's pods all ask alike)."""
@@ -35,7 +39,7 @@ class PodUse:
         self._of: dict[ObjectKey, tuple[Where, ResourceList]] = {}
         self._sums: dict[Where, ResourceList] = {}
         self._counts: dict[Where, int] = {}
-        self._shared: dict[tuple[tuple[str, Decimal], ...], ResourceList] = {}
+        self._share = SharedLists(_SHARED_REQUESTS)
 
     @property
     def sums(self) -> Mapping[Where, Mapping[str, Decimal]]:
@@ -49,8 +53,15 @@ class PodUse:
         self.set(change.key, change.new)
 
     def set(self, key: ObjectKey, pod: RawObject | None) -> None:
-        """``key``'s pod is now ``pod`` (``None``: gone)."""
-        entry = pod_use_of(pod) if pod is not None else None
+        """``key``'s pod is now ``pod`` (``None``: gone). A pod whose requests cannot be read
+        (the API server validates them, so not from it) is logged and not counted: this runs in
+        the pods informer's handler, where an exception would end the watch."""
+        try:
+            entry = pod_use_of(pod) if pod is not None else None
+        except ValueError as exc:
+            log = object_logger(logger, "Pod", key)
+            log.warning("unreadable requests (%s): not counted in the GPU pool", exc)
+            entry = None
         old = self._of.get(key)
         if old == entry:
             return
@@ -70,15 +81,6 @@ class PodUse:
         else:
             self._counts[where] = left
             self._sums[where] = sub(self._sums[where], amounts)
-
-    def _share(self, amounts: ResourceList) -> ResourceList:
-        token = tuple(sorted(amounts.items()))
-        shared = self._shared.get(token)
-        if shared is None:
-            if len(self._shared) >= _SHARED_REQUESTS:
-                return amounts
-            shared = self._shared[token] = amounts
-        return shared
 
     def __len__(self) -> int:
         """The pods counted."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from kube.clients import KubeClient
 from kube.objects import NODES, PODS, ObjectKey, RawObject, Resource
-from kube.quantities import ResourceList, add, covers, parse_resource_list, sub
+from kube.quantities import ResourceList, SharedLists, add, covers, parse_resource_list, sub
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent, watch_objects
 
@@ -117,7 +117,7 @@ class ProviderView:
         self._used: dict[str, ResourceList] = {}
         self._free: dict[str, ResourceList] = {}
         """Node name → allocatable less the requests of its pods, kept per node as they change."""
-        self._requests: dict[tuple[tuple[str, Decimal], ...], ResourceList] = {}
+        self._shared = SharedLists(_SHARED_REQUESTS)
         self._eligible: dict[tuple[object, ...], _Eligible] = {}
         """(selector, tolerations) → the sorted names of the nodes a pod with them may land on,
         kept as nodes change (each change looks at that node only)."""
@@ -266,18 +266,6 @@ class ProviderView:
                 for part, field in (("metadata", "labels"), ("status", "allocatable"))
             )
             self._node_changed(name, labels_moved=moved)
-
-    def _shared(self, request: ResourceList) -> ResourceList:
-        """One dict per distinct request: pods of a Job ask for the same, and ten thousand
-        copies of it were ~3 MB (issue 15: ~1 MiB at 3,000 pods in a heap snapshot). The dicts
-        are never mutated."""
-        signature = tuple(sorted(request.items()))
-        shared = self._requests.get(signature)
-        if shared is None:
-            if len(self._requests) >= _SHARED_REQUESTS:
-                self._requests.clear()  # many distinct shapes: start over rather than grow
-            shared = self._requests[signature] = request
-        return shared
 
     def _forget_pod(self, key: ObjectKey) -> bool:
         old = self._pods.pop(key, None)

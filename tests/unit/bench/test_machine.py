@@ -79,6 +79,12 @@ def test_a_burst_counts_what_each_process_spent_and_names_the_ones_asked_for() -
         "30.0 ms CPU per pod, cores 75 % busy "
         "(virtual kubelet (bench) 10.0, etcd (consumer) 5.0, kwok (provider) 2.5 ms)"
     )
+    # gpuferry's own processes are shown wherever they rank
+    only = "30.0 ms CPU per pod, cores 75 % busy (virtual kubelet (bench) 10.0 ms)"
+    assert burst.summary(100, top=1) == only
+    assert burst.summary(100, top=1, always=("kwok",)) == (
+        "30.0 ms CPU per pod, cores 75 % busy (virtual kubelet (bench) 10.0, kwok (provider) 2.5 ms)"
+    )
 
 
 def test_this_process_shows_in_a_snapshot_of_the_real_proc() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from kube.quantities import (
+    SharedLists,
     add,
     container_requests,
     covers,
@@ -204,3 +205,15 @@ def test_sum_requests_counts_pod_slots() -> None:
     pods = [_pod([_c(cpu="1")]), _pod([_c({"nvidia.com/gpu": "2"})])]
     assert sum_requests(pods) == {"cpu": Decimal(1), "nvidia.com/gpu": Decimal(2), "pods": Decimal(2)}
     assert sum_requests([]) == {}
+
+
+def test_equal_resource_lists_are_handed_out_as_one() -> None:
+    shared = SharedLists(limit=2)
+    first = shared({"cpu": Decimal("0.5"), "nvidia.com/gpu": Decimal(1)})
+    again = shared({"nvidia.com/gpu": Decimal(1), "cpu": Decimal("0.5")})
+    assert again is first
+    other = shared({"cpu": Decimal(1)})
+    assert other is not first and other == {"cpu": Decimal(1)}
+    third = shared({"cpu": Decimal(2)})  # past the limit: it starts over
+    assert shared({"cpu": Decimal("0.5"), "nvidia.com/gpu": Decimal(1)}) is not first
+    assert shared({"cpu": Decimal(2)}) is third

@@ -4,9 +4,12 @@ sequence of additions, bindings, finishings, deletions and relists, and for the 
 from __future__ import annotations
 
 import copy
+import logging
 import random
 from decimal import Decimal
 from typing import Any
+
+import pytest
 
 from kube.clients import KubeClient
 from kube.informers import Informer
@@ -111,3 +114,18 @@ async def test_the_pool_pass_frees_what_the_pods_free_without_reading_them() -> 
         assert {n.name: n.free["nvidia.com/gpu"] for n in again}["gpu-b"] == Decimal(3)
     assert dict(reconciler.usage.sums) == kept
     assert free == {"gpu-a": Decimal(5), "gpu-b": Decimal(4), "gpu-c": Decimal(8)}, "the first pod counts too"
+
+
+def test_a_pod_whose_requests_cannot_be_read_is_said_and_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    use = PodUse()
+    key = ObjectKey("ml", "train-0")
+    use.set(key, pod("train-0", "ml", node="gpu-a", gpus=2))
+    unreadable = pod("train-0", "ml", node="gpu-a", cpu="lots")
+    with caplog.at_level(logging.WARNING):
+        use.set(key, unreadable)  # raises nowhere: this is an informer's handler
+    assert use.sums == {} and len(use) == 0, "its old share is taken back, the new one not counted"
+    assert "ml/train-0" in caplog.text and "invalid quantity 'lots'" in caplog.text
+    use.set(key, pod("train-0", "ml", node="gpu-a", gpus=1))
+    assert use.sums[("ml", "gpu-a")]["nvidia.com/gpu"] == Decimal(1)
