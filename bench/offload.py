@@ -64,6 +64,7 @@ from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, watch_objects
+from vk.forge.labels import ORIGIN_CLUSTER_ID
 
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
 
@@ -119,6 +120,38 @@ class TimedOut(Exception):
     """Not every pod reached Running in time; the message says where they are."""
 
 
+@dataclass(frozen=True)
+class TwinTimes:
+    """When the bench's watch of the provider saw an offloaded pod's twin created, bound (its
+    ``nodeName``) and Running: seconds since the consumer pod's creation, on the clock of the
+    consumer's watch."""
+
+    created: float
+    bound: float
+    running: float
+
+
+def twin_stages(bound: list[float], running: list[float], twins: list[TwinTimes | None]) -> str:
+    """The median split of an offloaded pod's way from bound to Running, over the pods whose
+    twin was seen Running: to its twin, the twin's binding, the twin's Running, and back.
+
+    Each part is the median of that part alone, so the parts need not add up to the median of
+    the whole; a part may be slightly negative where one watch's delivery lags the other's.
+    """
+    parts: list[tuple[float, float, float, float]] = [
+        (t.created - b, t.bound - t.created, t.running - t.bound, r - t.running)
+        for b, r, t in zip(bound, running, twins, strict=True)
+        if t is not None
+    ]
+    if not parts:
+        return "no twin seen Running"
+    to_twin, to_bind, to_run, back = (statistics.median(column) for column in zip(*parts, strict=True))
+    return (f"p50 {to_twin:.2f}s to the twin (the virtual kubelet: token, Secret, twin) + "
+            f"{to_bind:.2f}s to its binding (the provider's scheduler) + {to_run:.2f}s to its "
+            f"Running (the provider's node) + {back:.2f}s back (the virtual kubelet's status), "
+            f"over {len(parts)} pod{'' if len(parts) == 1 else 's'}")  # fmt: skip
+
+
 @dataclass
 class Timed:
     """One burst: per pod, seconds from creation to Running and to bound (its ``nodeName`` seen
@@ -133,6 +166,9 @@ class Timed:
     whose /metrics could not be read is left out)."""
     lapses: Lapses | None = None
     """The run's provider nodes that were not Ready at some time during the burst."""
+    twins: list[TwinTimes | None] | None = None
+    """Offloaded: per pod, as :attr:`running`, its twin's times (``None`` where the twin was not
+    seen Running)."""
 
     def stages(self) -> str:
         """The median split of a pod's way to Running: the scheduler's binding, then the rest."""
@@ -149,12 +185,15 @@ async def create_and_time(
     vk: subprocess.Popen[bytes] | None = None,
     servers: dict[str, KubeClient] | None = None,
     nodes_on: KubeClient | None = None,
+    twins_on: KubeClient | None = None,
 ) -> Timed:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
     every namespace; per-pod seconds to bound and to Running, and the total seconds. With
     ``servers`` (name -> admin client), also what the burst cost the machine (CPU, and the
     writes each API server served) from the first create to the last pod Running. With
-    ``nodes_on`` (the provider), which of the run's nodes were not Ready at some time in it."""
+    ``nodes_on`` (the provider), which of the run's nodes were not Ready at some time in it. With
+    ``twins_on`` (the provider, for an offloaded burst), when each pod's twin was created, bound
+    and Running there (a twin keeps its pod's name and labels)."""
     running: dict[ObjectKey, float] = {}
     bound: dict[ObjectKey, float] = {}
     created: dict[ObjectKey, float] = {}
@@ -177,6 +216,20 @@ async def create_and_time(
                     return
 
     lapses = Lapses() if nodes_on is not None else None
+    twin_seen: dict[str, list[float | None]] = {}  # pod name -> [created, bound, Running]
+
+    async def watch_twins(provider: KubeClient) -> None:
+        names = {key.name for key in wanted}
+        selector = f"{RUN_LABEL}={run},{ORIGIN_CLUSTER_ID}"
+        async for item in watch_objects(provider, PODS, label_selector=selector):
+            if isinstance(item, Listed) or item.key.name not in names:
+                continue
+            now = time.monotonic()
+            seen = twin_seen.setdefault(item.key.name, [now, None, None])
+            if seen[1] is None and (item.object.get("spec") or {}).get("nodeName"):
+                seen[1] = now
+            if seen[2] is None and (item.object.get("status") or {}).get("phase") == "Running":
+                seen[2] = now
 
     async def watch_nodes(provider: KubeClient, seen: Lapses) -> None:
         async for item in watch_objects(provider, NODES, label_selector=f"{RUN_LABEL}={run}"):
@@ -187,6 +240,8 @@ async def create_and_time(
     watchers = [watcher]
     if nodes_on is not None and lapses is not None:
         watchers.append(asyncio.create_task(watch_nodes(nodes_on, lapses)))
+    if twins_on is not None:
+        watchers.append(asyncio.create_task(watch_twins(twins_on)))
     await asyncio.sleep(0.5)
     sem = asyncio.Semaphore(32)
 
@@ -228,10 +283,21 @@ async def create_and_time(
         before, after = writes_before[name], await machine.writes(server)
         if before is not None and after is not None:
             writes[name] = after - before
+    twins: list[TwinTimes | None] | None = None
+    if twins_on is not None:
+        twins = []
+        for key in created:
+            created_at, bound_at, running_at = twin_seen.get(key.name, (None, None, None))
+            if created_at is None or running_at is None:
+                twins.append(None)
+                continue
+            at = created[key]
+            # a twin seen first already Running was bound no later than that
+            twins.append(TwinTimes(created_at - at, (bound_at or running_at) - at, running_at - at))
     # a pod seen first already Running was bound no later than that
     return Timed([running[k] - created[k] for k in created],
                  [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes,
-                 lapses)  # fmt: skip
+                 lapses, twins)  # fmt: skip
 
 
 async def wait_gone(client: KubeClient, namespace: str) -> None:
@@ -517,6 +583,7 @@ async def throughput(
     port: int,
     idle: float,
     services: int = 0,
+    twins: bool = False,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
     at_rest = await settle(vk)
@@ -544,6 +611,7 @@ async def throughput(
                 results[side] = await create_and_time(
                     client, keys, suffix, node if side == "offloaded" else None, vk,
                     servers={"consumer": c, "provider": p}, nodes_on=p,
+                    twins_on=p if side == "offloaded" and twins else None,
                 )
                 at_running, cpu_running = await requests_sent(port), proc_stats(vk.pid)[0]
                 if side == "offloaded" and idle > 0:
@@ -597,6 +665,9 @@ async def throughput(
         lines.insert(0, f"  where the time goes: direct {d.stages()} (the provider's scheduler, then its "
                         f"node); offloaded {o.stages()} (the consumer's scheduler, then the virtual "
                         "kubelet, the provider's scheduler and node)")  # fmt: skip
+        if o.twins is not None:
+            lines.insert(1, "  offloaded, bound to Running: "
+                            + twin_stages(o.bound, o.running, o.twins))
         lines[1:1] = machine_lines(d, o, n)
         for line in lines:
             print(line, flush=True)
@@ -696,7 +767,7 @@ async def many_namespaces(
 
 async def bench(
     profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None,
-    services: int = 0, split_cores: bool = False,
+    services: int = 0, split_cores: bool = False, twins: bool = False,
 ) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
@@ -745,7 +816,7 @@ async def bench(
                     stack.enter_context(cores_split(consumer, provider, vk))
                 if counts:
                     await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk,
-                                     port=port, idle=idle, services=services)  # fmt: skip
+                                     port=port, idle=idle, services=services, twins=twins)  # fmt: skip
                 if namespaces:
                     await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
@@ -831,6 +902,12 @@ def main() -> None:
         "provider's on the other half, as two clusters run on machines of their own; by default "
         "they share every core",
     )
+    parser.add_argument(
+        "--twins", action="store_true",
+        help="also watch the twins on the provider, and split an offloaded pod's way from bound to "
+        "Running into its parts (to its twin, the twin's binding, its Running, status back); the "
+        "watch is one more client of the provider's API server, which the offloaded burst pays for",
+    )
     args = parser.parse_args()
     if args.split_cores and len(os.sched_getaffinity(0)) < 2:
         parser.error("--split-cores needs 2 CPUs or more: this process may run on "
@@ -844,7 +921,7 @@ def main() -> None:
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
         asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers,
-                                          args.services, args.split_cores)))
+                                          args.services, args.split_cores, args.twins)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
