@@ -25,6 +25,11 @@ the provider's on the other half (:mod:`bench.cores`), as two clusters run on ma
 own; by default both share every core, and an offloaded burst waits for the sum of both clusters'
 work.
 
+``--twins`` also watches the twins on the provider and splits an offloaded pod's way from bound to
+Running into its parts: to its twin (the virtual kubelet's token, Secret and twin), the twin's
+binding, its Running, and status back. That watch is one more client of the provider's API
+server, which the offloaded burst pays for: off by default.
+
 A run that times out prints what it got; every run removes what it made (nodes, namespaces, the
 virtual node), on Ctrl-C too.
 
