@@ -68,8 +68,8 @@ from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
 from kube.settings import ClientSettings
-from kube.watching import Listed, watch_objects
-from vk.forge.labels import ORIGIN_CLUSTER_ID
+from kube.watching import Listed, WatchEvent, watch_objects
+from vk.forge.labels import owner_selector
 
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
 
@@ -113,11 +113,15 @@ def service(name: str) -> RawObject:
     }
 
 
+BENCH_NAMESPACES = "bench=gpuferry"
+"""The label selector of the namespaces the bench makes on either side (:func:`namespace`)."""
+
+
 def namespace(name: str) -> RawObject:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name, "labels": {"bench": "gpuferry"}},
+        "metadata": {"name": name, "labels": dict([BENCH_NAMESPACES.split("=")])},
     }
 
 
@@ -190,15 +194,15 @@ async def create_and_time(
     vk: subprocess.Popen[bytes] | None = None,
     servers: dict[str, KubeClient] | None = None,
     nodes_on: KubeClient | None = None,
-    twins_on: KubeClient | None = None,
+    twins_on: tuple[KubeClient, str] | None = None,
 ) -> Timed:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
     every namespace; per-pod seconds to bound and to Running, and the total seconds. With
     ``servers`` (name -> admin client), also what the burst cost the machine (CPU, and the
     writes each API server served) from the first create to the last pod Running. With
     ``nodes_on`` (the provider), which of the run's nodes were not Ready at some time in it. With
-    ``twins_on`` (the provider, for an offloaded burst), when each pod's twin was created, bound
-    and Running there (a twin keeps its pod's name and labels)."""
+    ``twins_on`` (the provider and the consumer's cluster ID, for an offloaded burst), when each
+    pod's twin was created, bound and Running there (a twin keeps its pod's name and labels)."""
     running: dict[ObjectKey, float] = {}
     bound: dict[ObjectKey, float] = {}
     created: dict[ObjectKey, float] = {}
@@ -223,9 +227,9 @@ async def create_and_time(
     lapses = Lapses() if nodes_on is not None else None
     twin_seen: dict[str, list[float | None]] = {}  # pod name -> [created, bound, Running]
 
-    async def watch_twins(provider: KubeClient) -> None:
+    async def watch_twins(provider: KubeClient, consumer_id: str) -> None:
         names = {key.name for key in wanted}
-        selector = f"{RUN_LABEL}={run},{ORIGIN_CLUSTER_ID}"
+        selector = f"{RUN_LABEL}={run},{owner_selector(consumer_id)}"
         async for item in watch_objects(provider, PODS, label_selector=selector):
             if isinstance(item, Listed) or item.key.name not in names:
                 continue
@@ -246,7 +250,7 @@ async def create_and_time(
     if nodes_on is not None and lapses is not None:
         watchers.append(asyncio.create_task(watch_nodes(nodes_on, lapses)))
     if twins_on is not None:
-        watchers.append(asyncio.create_task(watch_twins(twins_on)))
+        watchers.append(asyncio.create_task(watch_twins(*twins_on)))
     await asyncio.sleep(0.5)
     sem = asyncio.Semaphore(32)
 
@@ -305,13 +309,28 @@ async def create_and_time(
                  lapses, twins)  # fmt: skip
 
 
-async def wait_gone(client: KubeClient, namespace: str) -> None:
-    while True:
-        try:
-            await client.get(NAMESPACES, namespace)
-        except NotFound:
-            return
-        await asyncio.sleep(0.5)
+def namespaces_left(left: frozenset[str], item: WatchEvent | Listed) -> frozenset[str]:
+    """Of the namespaces ``left`` to go, those still there after ``item`` of a watch of
+    namespaces. Pure."""
+    if isinstance(item, Listed):
+        return left & {key.name for key in item.keys}
+    return left - {item.key.name} if item.type == "DELETED" else left
+
+
+async def wait_gone(client: KubeClient, names: list[str], timeout: float = 300.0) -> None:
+    """Until the namespaces ``names`` (the bench's, labelled by :func:`namespace`) are gone,
+    watched; :class:`TimedOut` naming those left after ``timeout`` seconds."""
+    left = frozenset(names)
+    try:
+        async with asyncio.timeout(timeout):
+            async for item in watch_objects(client, NAMESPACES, label_selector=BENCH_NAMESPACES):
+                left = namespaces_left(left, item)
+                if not left:
+                    return
+    except TimeoutError:
+        shown = ", ".join(sorted(left)[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        raise TimedOut(f"{len(left)} of {len(names)} namespaces still there after {timeout:.0f} s: "
+                       f"{shown}") from None  # fmt: skip
 
 
 async def wait_no_pods(client: KubeClient, label_selector: str) -> None:
@@ -616,7 +635,7 @@ async def throughput(
                 results[side] = await create_and_time(
                     client, keys, suffix, node if side == "offloaded" else None, vk,
                     servers={"consumer": c, "provider": p}, nodes_on=p,
-                    twins_on=p if side == "offloaded" and twins else None,
+                    twins_on=(p, cons_id) if side == "offloaded" and twins else None,
                 )
                 at_running, cpu_running = await requests_sent(port), proc_stats(vk.pid)[0]
                 if side == "offloaded" and idle > 0:
@@ -632,9 +651,9 @@ async def throughput(
                 after = await requests_sent(port) if alive else {}
                 await client.delete(NAMESPACES, ns)
                 # the pods hold their GPUs until they are gone: the next run needs them
-                await wait_gone(client, ns)
+                await wait_gone(client, [ns])
                 if side == "offloaded" and alive:  # and the twins too
-                    await wait_no_pods(p, f"gpuferry.io/origin-cluster-id={cons_id}")
+                    await wait_no_pods(p, owner_selector(cons_id))
                     await asyncio.sleep(1)  # the last token Secrets' deletions
                     gone = await requests_sent(port) if vk.poll() is None else {}
             if not alive:
@@ -770,12 +789,7 @@ async def many_namespaces(
         start = time.monotonic()
         for ns in names:
             await c.delete(NAMESPACES, ns)
-        try:
-            async with asyncio.timeout(300):
-                for ns in names:
-                    await wait_gone(c, ns)
-        except TimeoutError:
-            raise TimedOut(f"the {count} namespaces were not all gone after 300 s") from None
+        await wait_gone(c, names)
         print(f"  namespaces gone after {time.monotonic() - start:.1f} s", flush=True)
     finally:
         for ns in names:
@@ -846,11 +860,11 @@ async def bench(
             (provider, ("delete", "nodes", "-l", f"bench.gpuferry.io/run={suffix}", "--wait=false")),
             (
                 provider,
-                ("delete", "namespaces", "-l", f"gpuferry.io/origin-cluster-id={cons_id}", "--timeout=100s"),
+                ("delete", "namespaces", "-l", owner_selector(cons_id), "--timeout=100s"),
             ),
             (
                 consumer,
-                ("delete", "namespaces", "-l", "bench=gpuferry", "--ignore-not-found", "--timeout=100s"),
+                ("delete", "namespaces", "-l", BENCH_NAMESPACES, "--ignore-not-found", "--timeout=100s"),
             ),
             (consumer, ("delete", "node", node, "--ignore-not-found", "--wait=false")),
         )
