@@ -140,25 +140,29 @@ class TwinTimes:
     running: float
 
 
-def twin_stages(bound: list[float], running: list[float], twins: list[TwinTimes | None]) -> str:
+def twin_stages(
+    bound: list[float], running: list[float], twins: list[TwinTimes | None], failure: str | None = None
+) -> str:
     """The median split of an offloaded pod's way from bound to Running, over the pods whose
     twin was seen Running: to its twin, the twin's binding, the twin's Running, and back.
 
     Each part is the median of that part alone, so the parts need not add up to the median of
     the whole; a part may be slightly negative where one watch's delivery lags the other's.
+    ``failure`` says why the watch of the twins ended early, where it did.
     """
     parts: list[tuple[float, float, float, float]] = [
         (t.created - b, t.bound - t.created, t.running - t.bound, r - t.running)
         for b, r, t in zip(bound, running, twins, strict=True)
         if t is not None
     ]
+    failed = f" (the watch of the twins failed: {failure})" if failure else ""
     if not parts:
-        return "no twin seen Running"
+        return "no twin seen Running" + failed
     to_twin, to_bind, to_run, back = (statistics.median(column) for column in zip(*parts, strict=True))
     return (f"p50 {to_twin:.2f}s to the twin (the virtual kubelet: token, Secret, twin) + "
             f"{to_bind:.2f}s to its binding (the provider's scheduler) + {to_run:.2f}s to its "
             f"Running (the provider's node) + {back:.2f}s back (the virtual kubelet's status), "
-            f"over {len(parts)} pod{'' if len(parts) == 1 else 's'}")  # fmt: skip
+            f"over {len(parts)} pod{'' if len(parts) == 1 else 's'}{failed}")  # fmt: skip
 
 
 @dataclass
@@ -178,6 +182,8 @@ class Timed:
     twins: list[TwinTimes | None] | None = None
     """Offloaded: per pod, as :attr:`running`, its twin's times (``None`` where the twin was not
     seen Running)."""
+    twin_failure: str | None = None
+    """Offloaded: why the watch of the twins ended before the burst did, if it did."""
 
     def stages(self) -> str:
         """The median split of a pod's way to Running: the scheduler's binding, then the rest."""
@@ -249,8 +255,9 @@ async def create_and_time(
     watchers = [watcher]
     if nodes_on is not None and lapses is not None:
         watchers.append(asyncio.create_task(watch_nodes(nodes_on, lapses)))
-    if twins_on is not None:
-        watchers.append(asyncio.create_task(watch_twins(*twins_on)))
+    twin_watch = asyncio.create_task(watch_twins(*twins_on)) if twins_on is not None else None
+    if twin_watch is not None:
+        watchers.append(twin_watch)
     await asyncio.sleep(0.5)
     sem = asyncio.Semaphore(32)
 
@@ -284,7 +291,10 @@ async def create_and_time(
     finally:
         for task in watchers:
             task.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)
+        ended = await asyncio.gather(*watchers, return_exceptions=True)
+    # a watch that failed before the burst ended says why its part of the figures is missing
+    twin_failure = next((str(e) or type(e).__name__ for t, e in zip(watchers, ended, strict=True)
+                         if t is twin_watch and isinstance(e, Exception)), None)  # fmt: skip
     total = time.monotonic() - start
     burst = machine.snapshot().since(cpu_before, names=names)
     writes = {}
@@ -306,7 +316,7 @@ async def create_and_time(
     # a pod seen first already Running was bound no later than that
     return Timed([running[k] - created[k] for k in created],
                  [bound.get(k, running[k]) - created[k] for k in created], total, burst, writes,
-                 lapses, twins)  # fmt: skip
+                 lapses, twins, twin_failure)  # fmt: skip
 
 
 def namespaces_left(left: frozenset[str], item: WatchEvent | Listed) -> frozenset[str]:
@@ -328,16 +338,36 @@ async def wait_gone(client: KubeClient, names: list[str], timeout: float = 300.0
                 if not left:
                     return
     except TimeoutError:
-        shown = ", ".join(sorted(left)[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
         raise TimedOut(f"{len(left)} of {len(names)} namespaces still there after {timeout:.0f} s: "
-                       f"{shown}") from None  # fmt: skip
+                       f"{some(sorted(left))}") from None  # fmt: skip
 
 
-async def wait_no_pods(client: KubeClient, label_selector: str) -> None:
-    while True:
-        if not (await client.list(PODS, label_selector=label_selector))["items"]:
-            return
-        await asyncio.sleep(0.5)
+def pods_present(present: frozenset[ObjectKey], item: WatchEvent | Listed) -> frozenset[ObjectKey]:
+    """The pods a watch has shown to be there, after ``item``: a (re)list says which are. Pure."""
+    if isinstance(item, Listed):
+        return item.keys
+    return present - {item.key} if item.type == "DELETED" else present | {item.key}
+
+
+def some(names: list[str], shown: int = 5) -> str:
+    """The first ``shown`` of ``names``, and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+async def wait_no_pods(client: KubeClient, label_selector: str, timeout: float = 300.0) -> None:
+    """Until no pod matches ``label_selector`` (an offloaded burst's twins), watched;
+    :class:`TimedOut` naming those left after ``timeout`` seconds."""
+    present: frozenset[ObjectKey] = frozenset()
+    try:
+        async with asyncio.timeout(timeout):
+            async for item in watch_objects(client, PODS, label_selector=label_selector):
+                present = pods_present(present, item)
+                if not present and (isinstance(item, Listed) or item.type == "DELETED"):
+                    return
+    except TimeoutError:
+        raise TimedOut(f"{len(present)} twins still there after {timeout:.0f} s: "
+                       f"{some(sorted(f'{k.namespace}/{k.name}' for k in present))}") from None  # fmt: skip
 
 
 def proc_stats(pid: int) -> tuple[float, int]:
@@ -691,7 +721,7 @@ async def throughput(
                         "kubelet, the provider's scheduler and node)")  # fmt: skip
         if o.twins is not None:
             lines.insert(1, "  offloaded, bound to Running: "
-                            + twin_stages(o.bound, o.running, o.twins))
+                            + twin_stages(o.bound, o.running, o.twins, o.twin_failure))
         lines[1:1] = machine_lines(d, o, n)
         for line in lines:
             print(line, flush=True)

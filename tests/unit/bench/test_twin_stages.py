@@ -39,3 +39,11 @@ def test_a_lagging_watch_shows_as_a_negative_part() -> None:
     # the provider's watch saw the twin before the consumer's watch saw the binding
     line = twin_stages([1.0], [2.0], [TwinTimes(0.9, 1.2, 1.8)])
     assert _parts(line)[0] == -0.1
+
+
+def test_a_failed_twin_watch_says_why() -> None:
+    assert twin_stages([1.0], [2.0], [None], "403 Forbidden") == (
+        "no twin seen Running (the watch of the twins failed: 403 Forbidden)"
+    )
+    line = twin_stages([1.0, 1.0], [3.0, 50.0], [TwinTimes(1.5, 1.6, 2.5), None], "connection reset")
+    assert line.endswith("over 1 pod (the watch of the twins failed: connection reset)")
