@@ -342,6 +342,13 @@ async def wait_gone(client: KubeClient, names: list[str], timeout: float = 300.0
                        f"{some(sorted(left))}") from None  # fmt: skip
 
 
+def gone_timeout(pods: int) -> float:
+    """How long the bench waits for a burst's namespace, or its twins, to go: 300 s, and 0.1 s
+    per pod beyond 3000 (the 10,000 pods of a burst took just over 300 s to go with the
+    provider on one core, its Leases keeping that core 68 % busy, on 2026-11-27)."""
+    return max(300.0, pods / 10)
+
+
 def pods_present(present: frozenset[ObjectKey], item: WatchEvent | Listed) -> frozenset[ObjectKey]:
     """The pods a watch has shown to be there, after ``item``: a (re)list says which are. Pure."""
     if isinstance(item, Listed):
@@ -681,9 +688,9 @@ async def throughput(
                 after = await requests_sent(port) if alive else {}
                 await client.delete(NAMESPACES, ns)
                 # the pods hold their GPUs until they are gone: the next run needs them
-                await wait_gone(client, [ns])
+                await wait_gone(client, [ns], timeout=gone_timeout(n))
                 if side == "offloaded" and alive:  # and the twins too
-                    await wait_no_pods(p, owner_selector(cons_id))
+                    await wait_no_pods(p, owner_selector(cons_id), timeout=gone_timeout(n))
                     await asyncio.sleep(1)  # the last token Secrets' deletions
                     gone = await requests_sent(port) if vk.poll() is None else {}
             if not alive:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import BENCH_NAMESPACES, namespace, namespaces_left, pods_present, some
+from bench.offload import BENCH_NAMESPACES, gone_timeout, namespace, namespaces_left, pods_present, some
 from kube.objects import ObjectKey
 from kube.watching import Listed, WatchEvent
 
@@ -48,3 +48,8 @@ def test_pods_present_follows_a_relist_additions_and_deletions() -> None:
 def test_some_names_the_first_five_and_counts_the_rest() -> None:
     assert some(["a", "b"]) == "a, b"
     assert some([f"n{i}" for i in range(7)]) == "n0, n1, n2, n3, n4 and 2 more"
+
+
+def test_a_bigger_burst_is_given_longer_to_go() -> None:
+    assert gone_timeout(100) == gone_timeout(1000) == 300.0
+    assert gone_timeout(10_000) == 1000.0
