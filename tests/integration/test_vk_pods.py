@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, NotFound
+from kube.errors import AlreadyExists, Forbidden, Invalid, NotFound
 from kube.kubeconfigs import Connection
 from kube.objects import (
     CONFIGMAPS,
@@ -34,7 +34,10 @@ from kube.objects import (
     PODS,
     SECRETS,
     SELFSUBJECTREVIEWS,
+    SERVICEACCOUNTS,
     SERVICES,
+    VALIDATINGADMISSIONPOLICIES,
+    VALIDATINGADMISSIONPOLICYBINDINGS,
     RawObject,
 )
 from kube.watching import Listed, watch_objects
@@ -166,6 +169,10 @@ def pod(name: str, gpus: int, *, tolerate: bool = True) -> RawObject:
         "metadata": {"name": name},
         "spec": gpu_spec(gpus, tolerate=tolerate),
     }
+
+
+def scheduled(p: RawObject) -> bool:
+    return bool(p["spec"].get("nodeName"))
 
 
 def running(p: RawObject) -> bool:
@@ -628,6 +635,97 @@ async def test_a_consumer_service_lists_the_twins_addresses(
 
     # the consumer's own EndpointSlice controller, from the reflected pod status
     assert await asyncio.wait_for(endpoints(), 30) == twin_ips
+
+
+async def test_no_twin_before_its_namespace_has_the_consumers_ca(
+    vk: VirtualKubelet, consumer_client: KubeClient, provider_client: KubeClient
+) -> None:
+    """A pod in a namespace made a moment ago, before the controller-manager published its
+    ``kube-root-ca.crt``: the twin waits for the CA, as a kubelet waits to build the volume,
+    instead of running with a token Secret whose CA is empty until the token's renewal (CI,
+    2026-11-27: "BEGIN CERTIFICATE" in ''). A ValidatingAdmissionPolicy holds the publisher back."""
+    tag = uuid.uuid4().hex[:6]
+    label = {"gpuferry-test-ca-held": tag}
+    held = ["kube-root-ca.crt", "vap-probe"]
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": f"hold-root-ca-{tag}"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "namespaceSelector": {"matchLabels": label},
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["configmaps"],
+                    }
+                ],
+            },
+            "validations": [{"expression": f"!(object.metadata.name in {held})", "message": "held"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": f"hold-root-ca-{tag}"},
+        "spec": {"policyName": f"hold-root-ca-{tag}", "validationActions": ["Deny"]},
+    }
+    probe_ns, ns = f"ca-probe-{tag}", f"ca-held-{tag}"
+    namespaces = [probe_ns, ns]
+    await consumer_client.create(VALIDATINGADMISSIONPOLICIES, policy)
+    await consumer_client.create(VALIDATINGADMISSIONPOLICYBINDINGS, binding)
+    try:
+        await consumer_client.create(NAMESPACES, {"metadata": {"name": probe_ns, "labels": label}})
+        deadline = time.monotonic() + 30
+        while True:  # the policy is in force once the API server has loaded it
+            try:
+                probe = {"metadata": {"name": "vap-probe"}}
+                await consumer_client.create(CONFIGMAPS, probe, probe_ns, dry_run=True)
+            except (Invalid, Forbidden):
+                break
+            assert time.monotonic() < deadline, "the policy never took effect"
+            await asyncio.sleep(0.2)
+        await consumer_client.create(NAMESPACES, {"metadata": {"name": ns, "labels": label}})
+        await wait_for(consumer_client, SERVICEACCOUNTS, "default", lambda _: True, namespace=ns)
+        await consumer_client.create(PODS, pod("caller", 1), ns)
+        await wait_for(consumer_client, PODS, "caller", scheduled, namespace=ns)
+        await asyncio.sleep(3)  # the virtual kubelet has had its tries
+        with pytest.raises(NotFound):
+            await consumer_client.get(CONFIGMAPS, "kube-root-ca.crt", ns)
+        with pytest.raises(NotFound):
+            await provider_client.get(PODS, "caller", vk.twin_ns(ns))
+        with pytest.raises(NotFound):
+            await provider_client.get(SECRETS, "caller-gpuferry-token", vk.twin_ns(ns))
+
+        # the CA published: the twin follows, with it
+        await consumer_client.delete(VALIDATINGADMISSIONPOLICYBINDINGS, binding["metadata"]["name"])
+        ca = (await consumer_client.get(CONFIGMAPS, "kube-root-ca.crt", "default"))["data"]
+        published = {"metadata": {"name": "kube-root-ca.crt"}, "data": ca}
+        deadline = time.monotonic() + 30
+        while True:  # the API server lets go of the binding a moment after its deletion
+            try:
+                await consumer_client.create(CONFIGMAPS, published, ns)
+            except AlreadyExists:  # the controller-manager did it first
+                break
+            except (Invalid, Forbidden):
+                assert time.monotonic() < deadline, "the policy never let go"
+                await asyncio.sleep(0.2)
+            else:
+                break
+        await wait_for(consumer_client, PODS, "caller", running, namespace=ns, timeout=30)
+        secret = await provider_client.get(SECRETS, "caller-gpuferry-token", vk.twin_ns(ns))
+        assert base64.b64decode(secret["data"]["ca.crt"]).decode() == ca["ca.crt"]
+    finally:
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(VALIDATINGADMISSIONPOLICYBINDINGS, binding["metadata"]["name"])
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(VALIDATINGADMISSIONPOLICIES, policy["metadata"]["name"])
+        for name in namespaces:
+            with contextlib.suppress(NotFound):
+                await consumer_client.delete(NAMESPACES, name)
 
 
 async def test_the_twin_gets_its_consumer_pods_service_account_token(

@@ -8,6 +8,8 @@ of its lifetime has passed, as the kubelet does, and deletes the Secret when the
 or, for a pod deleted while no virtual kubelet ran, when its orphan twin is found (the
 assembly's ``PodSync.orphan_found``). A pod without a token volume costs no request at all.
 The pod reflector calls :meth:`ensure_for` before creating a twin, so the Secret exists first.
+A namespace's CA (``kube-root-ca.crt``, published by the controller-manager) must be there: until
+it is, no Secret is written and no twin created (:class:`~kube.errors.TemporaryError`, retried).
 
 A pod's token is asked for and written once: the queue's pass and the pod reflector's
 :meth:`ensure_for` share one write in flight, and find a fresh one done (issue 15: both wrote,
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
+from kube.errors import AlreadyExists, Conflict, KubeError, NotFound, TemporaryError
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -33,6 +35,7 @@ from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
 from kube.settings import QueueSettings
 
+from ..forge.accessories import ROOT_CA_CONFIGMAP
 from ..forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
 
 __all__ = ["TokenReflector"]
@@ -43,6 +46,9 @@ _ISSUED = counter("vk_tokens_issued", "Consumer service-account tokens issued fo
 RENEW_AT = 0.8
 CA_SECONDS = 60.0
 """How long a namespace's ``kube-root-ca.crt`` is taken as read."""
+CA_RETRY_SECONDS = 1.0
+"""How soon a pod whose namespace has no ``kube-root-ca.crt`` yet is looked at again (the
+controller-manager publishes it in every new namespace, within a second or so)."""
 
 
 def _expiry(timestamp: str) -> float:
@@ -105,7 +111,7 @@ class TokenReflector:
 
     async def _read_ca(self, namespace: str) -> str:
         try:
-            cm = await self.consumer.get(CONFIGMAPS, "kube-root-ca.crt", namespace)
+            cm = await self.consumer.get(CONFIGMAPS, ROOT_CA_CONFIGMAP, namespace)
         except NotFound:
             return ""
         ca = str((cm.get("data") or {}).get("ca.crt") or "")
@@ -190,6 +196,15 @@ class TokenReflector:
         meta = pod["metadata"]
         key = ObjectKey(meta["namespace"], meta["name"])
         account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+        ca = await self._ca(meta["namespace"])
+        if not ca:
+            # a namespace made a moment ago: its CA is not published yet. A token Secret without
+            # it would leave the twin unable to trust the API server until the token's renewal,
+            # 48 minutes on; a kubelet likewise waits to start a pod until it can build the volume
+            raise TemporaryError(
+                f"the consumer's CA (ConfigMap {ROOT_CA_CONFIGMAP} in {meta['namespace']}) is not "
+                "published yet", delay=CA_RETRY_SECONDS
+            )
         answer = await self.consumer.create(
             SERVICEACCOUNTS, token_request(pod), meta["namespace"], name=account, subresource="token"
         )
@@ -198,7 +213,7 @@ class TokenReflector:
         body = token_secret(
             pod,
             token=str(status.get("token") or ""),
-            ca_pem=await self._ca(meta["namespace"]),
+            ca_pem=ca,
             namespace=twin_ns,
             consumer_id=self.consumer_id,
             expires=expires,
