@@ -29,8 +29,8 @@ from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from bench.offload import TimedOut, wait_gone
 from bench.offload import namespace as bench_namespace
-from bench.offload import wait_gone
 from hack.localcluster import profile_clusters
 from kube.clients import KubeClient
 from kube.errors import KubeError
@@ -124,7 +124,7 @@ async def main(kubeconfig: Path, objects: int, concurrency: int, rounds: int) ->
             try:
                 await c.delete(NAMESPACES, ns)
                 await wait_gone(c, [ns], timeout=120)
-            except (KubeError, TimeoutError) as exc:
+            except (KubeError, TimedOut) as exc:
                 print(f"cleanup: namespace {ns} may be left: {exc}", file=sys.stderr)
 
 
