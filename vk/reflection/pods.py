@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 
 from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound
+from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound, TemporaryError
 from kube.informers import Change, Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -54,6 +54,8 @@ GATE_RETRY_SECONDS = 30.0
 """Backstop for gated pods: they are looked at again as soon as provider capacity changes
 (:meth:`PodReflector.gated_keys`), and at the latest after this long."""
 REASON_DELETED = "ProviderPodDeleted"
+REASON_MOUNT = "FailedMount"
+"""What the twin mounts cannot be built yet (the kubelet's own Event reason for it)."""
 REASON_NO_FIT = "ProviderCapacity"
 REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 REASON_QUOTA = "ProviderQuotaExceeded"
@@ -67,6 +69,16 @@ class Prerequisite(Protocol):
     """Something a twin needs on the provider before it is created (copies, token Secrets)."""
 
     async def ensure_for(self, pod: RawObject) -> None: ...
+
+
+class PrerequisiteNotReady(TemporaryError):
+    """Raised by a :class:`Prerequisite` that cannot be made yet for a reason the pod's owner
+    should see (a namespace's CA not published): the pod is held Pending with ``reason`` and the
+    message, and looked at again after ``delay``."""
+
+    def __init__(self, reason: str, message: str, delay: float) -> None:
+        super().__init__(message, delay=delay)
+        self.reason = reason
 
 
 class FitOracle(Protocol):
@@ -247,8 +259,12 @@ class PodReflector:
         twin = remote_pod(local, self.opts)
         twin["metadata"]["namespace"] = twin_ns
         await self.remote.prepare_namespace(origin_ns)
-        for accessory in self.accessories:  # what the twin mounts exists before the twin
-            await accessory.ensure_for(local)
+        try:
+            for accessory in self.accessories:  # what the twin mounts exists before the twin
+                await accessory.ensure_for(local)
+        except PrerequisiteNotReady as exc:
+            await self._hold(local, exc.reason, str(exc), log)
+            return Requeue(exc.delay)
         try:
             answer = await self.provider.create(PODS, twin, twin["metadata"]["namespace"])
         except AlreadyExists:

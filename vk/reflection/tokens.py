@@ -9,7 +9,8 @@ or, for a pod deleted while no virtual kubelet ran, when its orphan twin is foun
 assembly's ``PodSync.orphan_found``). A pod without a token volume costs no request at all.
 The pod reflector calls :meth:`ensure_for` before creating a twin, so the Secret exists first.
 A namespace's CA (``kube-root-ca.crt``, published by the controller-manager) must be there: until
-it is, no Secret is written and no twin created (:class:`~kube.errors.TemporaryError`, retried).
+it is, no Secret is written and no twin created (:class:`~vk.reflection.pods.PrerequisiteNotReady`,
+retried; the consumer pod says why, as a kubelet's ``FailedMount`` does).
 
 A pod's token is asked for and written once: the queue's pass and the pod reflector's
 :meth:`ensure_for` share one write in flight, and find a fresh one done (issue 15: both wrote,
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, KubeError, NotFound, TemporaryError
+from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -37,6 +38,7 @@ from kube.settings import QueueSettings
 
 from ..forge.accessories import ROOT_CA_CONFIGMAP
 from ..forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
+from .pods import REASON_MOUNT, PrerequisiteNotReady
 
 __all__ = ["TokenReflector"]
 
@@ -130,14 +132,13 @@ class TokenReflector:
         token is not written again)."""
         meta = pod["metadata"]
         key = ObjectKey(meta["namespace"], meta["name"])
-        running = self._writing.get(key)
-        if running is not None:
-            try:
-                return await asyncio.shield(running)
-            except KubeError:
-                pass  # that write failed (its twin namespace was not there yet): this one tries
-            if (running := self._writing.get(key)) is not None:
-                return await asyncio.shield(running)
+        while (running := self._writing.get(key)) is not None:
+            # its outcome, not its exceptions: only this caller's own cancellation raises here
+            await asyncio.wait({running})
+            if not running.cancelled() and not isinstance(running.exception(), KubeError):
+                return running.result()  # its Requeue, or its TemporaryError (no CA yet)
+            # that write failed (its twin namespace was not there yet) or its caller was
+            # cancelled (a leader stepping down): this caller writes, or waits on the next one
         left = self._fresh(key, twin_ns, meta["uid"])
         if left is not None:
             return Requeue(max(1.0, left))
@@ -145,6 +146,9 @@ class TokenReflector:
         self._writing[key] = future
         try:
             result = await self._write(pod, twin_ns, log)
+        except asyncio.CancelledError:
+            future.cancel()  # a waiter writes itself rather than take this caller's cancellation
+            raise
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: a waiter, if any, gets it too
@@ -201,9 +205,11 @@ class TokenReflector:
             # a namespace made a moment ago: its CA is not published yet. A token Secret without
             # it would leave the twin unable to trust the API server until the token's renewal,
             # 48 minutes on; a kubelet likewise waits to start a pod until it can build the volume
-            raise TemporaryError(
-                f"the consumer's CA (ConfigMap {ROOT_CA_CONFIGMAP} in {meta['namespace']}) is not "
-                "published yet", delay=CA_RETRY_SECONDS
+            raise PrerequisiteNotReady(
+                REASON_MOUNT,
+                f"the twin's service account token waits for the consumer's CA (ConfigMap "
+                f"{ROOT_CA_CONFIGMAP} in {meta['namespace']}), not published yet",
+                delay=CA_RETRY_SECONDS,
             )
         answer = await self.consumer.create(
             SERVICEACCOUNTS, token_request(pod), meta["namespace"], name=account, subresource="token"

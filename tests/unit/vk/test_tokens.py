@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from typing import Any
@@ -134,3 +135,54 @@ async def test_a_resync_leaves_fresh_tokens_to_their_renewal_timer(monkeypatch: 
     monkeypatch.setattr(time, "time", lambda: later)
     reflector.resync()
     assert len(reflector.queue) == 1  # due: looked at now
+
+
+class _SlowProvider(_Provider):
+    """Holds each Secret write until ``release`` is set (a provider API server slow to answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def create(self, resource: Any, body: Any, namespace: str | None = None, **_: Any) -> Any:
+        self.started.set()
+        await self.release.wait()
+        return await super().create(resource, body, namespace)
+
+
+async def test_a_write_waited_on_and_cancelled_leaves_its_waiter_to_write_rather_than_cancelled() -> None:
+    """Two callers share one write in flight; when the writer is cancelled (a leader stepping
+    down, a shutdown), the waiter is not: it writes itself instead of taking the writer's
+    CancelledError, which would have ended a queue worker that nobody cancelled."""
+    pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
+    pods._apply(WatchEvent("ADDED", consumer_pod()))
+    provider = _SlowProvider()
+    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
+                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    writer = asyncio.create_task(reflector.ensure_for(consumer_pod()))
+    await asyncio.wait_for(provider.started.wait(), 5)
+    waiter = asyncio.create_task(reflector.ensure_for(consumer_pod()))
+    await asyncio.sleep(0.05)  # the waiter is waiting on the writer's write
+    assert not waiter.done()
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    provider.release.set()
+    await asyncio.wait_for(waiter, 5)  # raised CancelledError before
+    assert provider.created == [token_secret_name("train-0")]  # the waiter's own write
+
+
+async def test_a_write_waited_on_shares_its_result_with_its_waiter() -> None:
+    pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
+    pods._apply(WatchEvent("ADDED", consumer_pod()))
+    provider = _SlowProvider()
+    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
+                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    first = asyncio.create_task(reflector.ensure_for(consumer_pod()))
+    await asyncio.wait_for(provider.started.wait(), 5)
+    second = asyncio.create_task(reflector.ensure_for(consumer_pod()))
+    await asyncio.sleep(0.05)
+    provider.release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert provider.created == [token_secret_name("train-0")]  # one write for both
