@@ -46,6 +46,7 @@ from vk.kubelet.certificates import ServingCertificate, approve_csr
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .stopping import stop
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
 from .waiting import condition, wait_for
 
@@ -176,8 +177,7 @@ async def vk(
     await _wait_listening(settings.node_address, settings.kubelet_port, task)
     yield running
     assert not task.done(), f"the virtual kubelet stopped: {task.exception() if not task.cancelled() else ''}"
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await stop(task)
     for client, resource, name, ns in (
         (consumer_client, NODES, running.node, None),
         (consumer_client, LEASES, running.node, "kube-node-lease"),
@@ -833,8 +833,7 @@ async def test_logs_and_exec_with_a_scoped_tenant_identity(
             await asyncio.sleep(0.2)
         assert (rc, out) == (0, "scoped exec\n"), err
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(task)
         for resource, name, namespace in ((NODES, node, None), (LEASES, node, "kube-node-lease")):
             with contextlib.suppress(NotFound):
                 await consumer_client.delete(resource, name, namespace)
@@ -908,8 +907,7 @@ async def test_without_self_approval_the_kubelet_api_waits_for_an_approver(
         with pytest.raises(NotFound):
             await consumer_client.get(CSRS, csr["metadata"]["name"])
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(task)
         for resource, name, namespace in ((NODES, node, None), (LEASES, node, "kube-node-lease")):
             with contextlib.suppress(NotFound):
                 await consumer_client.delete(resource, name, namespace)

@@ -38,6 +38,7 @@ from vk.reflection.twins import NAMESPACEOFFLOADINGS
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .stopping import stop
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
@@ -333,7 +334,6 @@ async def test_a_scoped_identity_runs_pods_in_granted_twin_namespaces_only(
             await provider_client.get(PODS, "root", twin_ns)
             raise AssertionError("no twin was made of a refused pod")
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(task)
         with contextlib.suppress(NotFound):
             await consumer_client.delete(NODES, node)
