@@ -46,10 +46,11 @@ from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
 from vk.forge.pods import remote_pod
-from vk.reflection.pods import GATE_RETRY_SECONDS
+from vk.reflection.pods import GATE_RETRY_SECONDS, REASON_MOUNT
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .stopping import stop
 from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
 
 pytestmark = pytest.mark.integration
@@ -113,8 +114,7 @@ async def vk(
     )
     yield running
     assert not task.done(), f"the virtual kubelet stopped: {task.exception() if not task.cancelled() else ''}"
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await stop(task)
     for client, resource, name, ns in (
         (consumer_client, NODES, running.node, None),
         (consumer_client, LEASES, running.node, "kube-node-lease"),
@@ -179,16 +179,38 @@ def running(p: RawObject) -> bool:
     return p.get("status", {}).get("phase") == "Running"
 
 
-async def h100_room(provider_client: KubeClient, timeout: float = 60) -> dict[str, dict[str, Any]]:
-    """The free room of each H100 node once one of them is idle (8 GPUs free), or as it is after
-    ``timeout``: an earlier test's pods leave with its namespace, which is deleted at its end
-    but goes on its own time."""
+def leaving(pods: list[RawObject], nodes: set[str], terminating: set[str]) -> list[str]:
+    """The pods on ``nodes`` that are on their way out: being deleted, or in a namespace that
+    is (whose pods the namespace controller has yet to mark)."""
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in pods
+        if p["spec"].get("nodeName") in nodes
+        and ("deletionTimestamp" in p["metadata"] or p["metadata"]["namespace"] in terminating)
+    ]
+
+
+async def h100_room(
+    provider_client: KubeClient, timeout: float = 60
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The free room of each H100 node, and the pods on them on their way out, once one node is
+    idle (8 GPUs free) and none is leaving, or as they are after ``timeout``: an earlier test's pods
+    leave with its namespace, which is deleted at its end but goes on its own time, and a node
+    they free after this snapshot would be room a test did not count on."""
     deadline = time.monotonic() + timeout
     while True:
         nodes = (await provider_client.list(NODES, label_selector=H100_SELECTOR))["items"]
-        free = per_node_free(nodes, (await provider_client.list(PODS))["items"], selector=H100)
-        if any(room.get("nvidia.com/gpu", 0) == 8 for room in free.values()) or time.monotonic() > deadline:
-            return free
+        pods = (await provider_client.list(PODS))["items"]
+        terminating = {
+            n["metadata"]["name"]
+            for n in (await provider_client.list(NAMESPACES))["items"]
+            if "deletionTimestamp" in n["metadata"]
+        }
+        free = per_node_free(nodes, pods, selector=H100)
+        going = leaving(pods, set(free), terminating)
+        idle = any(room.get("nvidia.com/gpu", 0) == 8 for room in free.values())
+        if (idle and not going) or time.monotonic() > deadline:
+            return free, going
         await asyncio.sleep(0.5)
 
 
@@ -196,9 +218,11 @@ async def fill_h100_nodes(provider_client: KubeClient, namespace: str, *, but_on
     """Fill the H100 nodes with blockers (bound directly, as a kubelet would see them), all of
     them or all but one; returns the name of a node that was idle (the one left, with
     ``but_one``)."""
-    free = await h100_room(provider_client)
+    free, going = await h100_room(provider_client)
     whole = [name for name, room in free.items() if room.get("nvidia.com/gpu", 0) == 8]
     assert whole, f"the test needs one idle H100 node; free now: {free}"
+    # room freed after this snapshot would be left unblocked: say so rather than race it
+    assert not going, f"earlier tests' pods still leaving the H100 nodes after 60 s: {going}"
     for name, room in free.items():
         gpus = int(room.get("nvidia.com/gpu", 0))
         if gpus and not (but_one and name == whole[0]):
@@ -691,8 +715,27 @@ async def test_no_twin_before_its_namespace_has_the_consumers_ca(
         await consumer_client.create(NAMESPACES, {"metadata": {"name": ns, "labels": label}})
         await wait_for(consumer_client, SERVICEACCOUNTS, "default", lambda _: True, namespace=ns)
         await consumer_client.create(PODS, pod("caller", 1), ns)
-        await wait_for(consumer_client, PODS, "caller", scheduled, namespace=ns)
-        await asyncio.sleep(3)  # the virtual kubelet has had its tries
+        # held, and the pod says why, as a kubelet's FailedMount does
+        held_pod = await wait_for(
+            consumer_client,
+            PODS,
+            "caller",
+            lambda p: p.get("status", {}).get("reason") == REASON_MOUNT,
+            namespace=ns,
+            timeout=30,
+        )
+        assert held_pod["status"]["phase"] == "Pending"
+        assert f"kube-root-ca.crt in {ns}" in held_pod["status"]["message"]
+
+        async def mount_event() -> RawObject:  # recorded just after the status: wait, not race
+            selector = "involvedObject.name=caller"
+            async for item in watch_objects(consumer_client, EVENTS, namespace=ns, field_selector=selector):
+                if not isinstance(item, Listed) and item.object["reason"] == REASON_MOUNT:
+                    return item.object
+            raise AssertionError("the Event watch ended")
+
+        assert (await asyncio.wait_for(mount_event(), 15))["type"] == "Warning"
+        await asyncio.sleep(2)  # and stays held through its retries (one a second)
         with pytest.raises(NotFound):
             await consumer_client.get(CONFIGMAPS, "kube-root-ca.crt", ns)
         with pytest.raises(NotFound):
@@ -715,7 +758,8 @@ async def test_no_twin_before_its_namespace_has_the_consumers_ca(
                 await asyncio.sleep(0.2)
             else:
                 break
-        await wait_for(consumer_client, PODS, "caller", running, namespace=ns, timeout=30)
+        started = await wait_for(consumer_client, PODS, "caller", running, namespace=ns, timeout=30)
+        assert "reason" not in started["status"], "the FailedMount reason is cleared once running"
         secret = await provider_client.get(SECRETS, "caller-gpuferry-token", vk.twin_ns(ns))
         assert base64.b64decode(secret["data"]["ca.crt"]).decode() == ca["ca.crt"]
     finally:
