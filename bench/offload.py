@@ -68,7 +68,7 @@ from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
 from kube.settings import ClientSettings
-from kube.watching import Listed, WatchEvent, watch_objects
+from kube.watching import Listed, WatchEvent, present_after, watch_objects
 from vk.forge.labels import owner_selector
 
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
@@ -349,13 +349,6 @@ def gone_timeout(pods: int) -> float:
     return max(300.0, pods / 10)
 
 
-def pods_present(present: frozenset[ObjectKey], item: WatchEvent | Listed) -> frozenset[ObjectKey]:
-    """The pods a watch has shown to be there, after ``item``: a (re)list says which are. Pure."""
-    if isinstance(item, Listed):
-        return item.keys
-    return present - {item.key} if item.type == "DELETED" else present | {item.key}
-
-
 def some(names: list[str], shown: int = 5) -> str:
     """The first ``shown`` of ``names``, and how many more."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
@@ -369,7 +362,7 @@ async def wait_no_pods(client: KubeClient, label_selector: str, timeout: float =
     try:
         async with asyncio.timeout(timeout):
             async for item in watch_objects(client, PODS, label_selector=label_selector):
-                present = pods_present(present, item)
+                present = present_after(present, item)
                 if not present and (isinstance(item, Listed) or item.type == "DELETED"):
                     return
     except TimeoutError:

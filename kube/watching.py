@@ -82,6 +82,17 @@ class Listed:
     keys: frozenset[ObjectKey]
 
 
+def present_after(present: frozenset[ObjectKey], item: WatchEvent | Listed) -> frozenset[ObjectKey]:
+    """The objects a watch has shown to be there, after ``item``: a (re)list says which are, an
+    event adds or removes one. Pure.
+
+    None present means none exists only after a (re)list or a deletion: before its list ends, a
+    watch has not yet shown what there is."""
+    if isinstance(item, Listed):
+        return item.keys
+    return present - {item.key} if item.type == "DELETED" else present | {item.key}
+
+
 async def iter_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     """Non-empty lines of a stream, however they are split into chunks (no length limit)."""
     buffer = bytearray()

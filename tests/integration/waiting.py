@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from kube.clients import KubeClient
 from kube.objects import ObjectKey, RawObject, Resource
-from kube.watching import Listed, WatchEvent, watch_objects
+from kube.watching import Listed, WatchEvent, present_after, watch_objects
 
 
 async def wait_for(
@@ -90,14 +90,9 @@ async def wait_for_empty(client: KubeClient, resource: Resource, namespace: str,
     """Until ``namespace`` holds no ``resource`` object (watched, not polled)."""
 
     async def watch() -> None:
-        present: set[str] = set()
+        present: frozenset[ObjectKey] = frozenset()
         async for item in watch_objects(client, resource, namespace=namespace):
-            if isinstance(item, Listed):
-                present = {k.name for k in item.keys}
-            elif item.type == "DELETED":
-                present.discard(item.key.name)
-            else:
-                present.add(item.key.name)
+            present = present_after(present, item)
             if not present and (isinstance(item, Listed) or item.type == "DELETED"):
                 return
 

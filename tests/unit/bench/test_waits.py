@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.offload import BENCH_NAMESPACES, gone_timeout, namespace, namespaces_left, pods_present, some
+from bench.offload import BENCH_NAMESPACES, gone_timeout, namespace, namespaces_left, some
 from kube.objects import ObjectKey
 from kube.watching import Listed, WatchEvent
 
@@ -25,24 +25,6 @@ def test_namespaces_left_follows_a_relist_and_deletions() -> None:
 def test_the_bench_namespaces_carry_the_label_its_waits_and_clean_up_select() -> None:
     key, value = BENCH_NAMESPACES.split("=")
     assert namespace("x")["metadata"]["labels"] == {key: value}
-
-
-def _pod(event: str, name: str) -> WatchEvent:
-    return WatchEvent(event, {"metadata": {"namespace": "ns", "name": name}})
-
-
-def test_pods_present_follows_a_relist_additions_and_deletions() -> None:
-    a, b, c = (ObjectKey("ns", n) for n in "abc")
-    present = pods_present(frozenset(), _pod("ADDED", "a"))  # the list's objects come first
-    present = pods_present(present, _pod("ADDED", "b"))
-    present = pods_present(present, Listed("1", frozenset({a, b})))
-    assert present == {a, b}
-    present = pods_present(present, _pod("MODIFIED", "a"))  # terminating: still there
-    assert present == {a, b}
-    present = pods_present(present, _pod("ADDED", "c"))
-    assert pods_present(present, _pod("DELETED", "a")) == {b, c}
-    assert pods_present(present, Listed("9", frozenset({c}))) == {c}, "a relist says which are left"
-    assert pods_present(frozenset({b}), _pod("DELETED", "b")) == frozenset()
 
 
 def test_some_names_the_first_five_and_counts_the_rest() -> None:

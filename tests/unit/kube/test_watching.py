@@ -13,7 +13,7 @@ from kube.errors import Forbidden, NotFound, ResourceNotServed
 from kube.metrics import REGISTRY
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
-from kube.watching import Listed, WatchEvent, backoff_delay, watch_objects
+from kube.watching import Listed, WatchEvent, backoff_delay, present_after, watch_objects
 
 from .fakeapi import NS, Drop, FakeApi, Fault, Pause, bookmark, configmap, error_event, event
 
@@ -346,3 +346,21 @@ async def test_what_a_loop_receives_is_counted_by_resource_type_and_server(
     assert {kind: seen(kind) - before[kind] for kind in before} == {
         "LISTED": 3, "ADDED": 1, "MODIFIED": 1, "DELETED": 1, "BOOKMARK": 1,
     }  # fmt: skip
+
+
+def _pod(event: str, name: str) -> WatchEvent:
+    return WatchEvent(event, {"metadata": {"namespace": "ns", "name": name}})
+
+
+def test_present_after_follows_a_relist_additions_and_deletions() -> None:
+    a, b, c = (ObjectKey("ns", n) for n in "abc")
+    present = present_after(frozenset(), _pod("ADDED", "a"))  # the list's objects come first
+    present = present_after(present, _pod("ADDED", "b"))
+    present = present_after(present, Listed("1", frozenset({a, b})))
+    assert present == {a, b}
+    present = present_after(present, _pod("MODIFIED", "a"))  # terminating: still there
+    assert present == {a, b}
+    present = present_after(present, _pod("ADDED", "c"))
+    assert present_after(present, _pod("DELETED", "a")) == {b, c}
+    assert present_after(present, Listed("9", frozenset({c}))) == {c}, "a relist says which are left"
+    assert present_after(frozenset({b}), _pod("DELETED", "b")) == frozenset()
