@@ -83,15 +83,17 @@ SETTLE_MAX_SECONDS = 120.0
 """The longest the bench waits for the machine to settle before the bursts."""
 
 
-def pod(name: str, run: str, node: str | None = None) -> RawObject:
+def pod(name: str, run: str, node: str | None = None, grace: int = 0) -> RawObject:
     """A one-GPU pod of the run ``run``. With ``node`` (offloaded), it selects that node: the
     bench's own virtual node (pods that tolerate virtual nodes could land on another one, the
     demo's, and wait there), whose twins select the run's provider nodes. Without (direct), it
-    selects the run's provider nodes itself: neither path takes GPUs from the demo's grant."""
+    selects the run's provider nodes itself: neither path takes GPUs from the demo's grant.
+    ``grace``: its terminationGracePeriodSeconds (0: it goes as soon as it is deleted; more, as
+    most pods: terminating first, its twin deleted with that grace, then the pod removed)."""
     spec: dict[str, Any] = {
         "containers": [{"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         "tolerations": [TOLERATION],
-        "terminationGracePeriodSeconds": 0,
+        "terminationGracePeriodSeconds": grace,
         "nodeSelector": {"kubernetes.io/hostname": node} if node is not None else {RUN_LABEL: run},
     }
     return {
@@ -201,6 +203,7 @@ async def create_and_time(
     servers: dict[str, KubeClient] | None = None,
     nodes_on: KubeClient | None = None,
     twins_on: tuple[KubeClient, str] | None = None,
+    grace: int = 0,
 ) -> Timed:
     """Create the pods ``pods`` (namespace and name) of the run ``run``, watched by its label in
     every namespace; per-pod seconds to bound and to Running, and the total seconds. With
@@ -264,7 +267,7 @@ async def create_and_time(
     async def create(key: ObjectKey) -> None:
         async with sem:
             created[key] = time.monotonic()
-            await client.create(PODS, pod(key.name, run, node), key.namespace)
+            await client.create(PODS, pod(key.name, run, node, grace), key.namespace)
 
     timeout = max(120, len(pods))
     names = {vk.pid: "virtual kubelet (bench)"} if vk is not None else {}
@@ -638,6 +641,7 @@ async def throughput(
     idle: float,
     services: int = 0,
     twins: bool = False,
+    grace: int = 0,
 ) -> None:
     sides = {c.base_url.split("://", 1)[1]: "consumer", p.base_url.split("://", 1)[1]: "provider"}
     at_rest = await settle(vk)
@@ -646,6 +650,8 @@ async def throughput(
           f"({', '.join(f'{k} {v:.1f} %' for k, v in shown)} of a core)", flush=True)  # fmt: skip
     if services:
         print(f"each burst's namespace holds {services} Services, selecting none of its pods", flush=True)
+    if grace:
+        print(f"the pods have a grace period of {grace} s: deleted, each is terminating first", flush=True)
     for n in counts:
         results = {}
         lines: list[str] = []
@@ -665,7 +671,7 @@ async def throughput(
                 results[side] = await create_and_time(
                     client, keys, suffix, node if side == "offloaded" else None, vk,
                     servers={"consumer": c, "provider": p}, nodes_on=p,
-                    twins_on=(p, cons_id) if side == "offloaded" and twins else None,
+                    twins_on=(p, cons_id) if side == "offloaded" and twins else None, grace=grace,
                 )
                 at_running, cpu_running = await requests_sent(port), proc_stats(vk.pid)[0]
                 if side == "offloaded" and idle > 0:
@@ -829,7 +835,7 @@ async def many_namespaces(
 
 async def bench(
     profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None,
-    services: int = 0, split_cores: bool = False, twins: bool = False,
+    services: int = 0, split_cores: bool = False, twins: bool = False, grace: int = 0,
 ) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
@@ -878,7 +884,8 @@ async def bench(
                     stack.enter_context(cores_split(consumer, provider, vk))
                 if counts:
                     await throughput(c, p, counts, node=node, cons_id=cons_id, suffix=suffix, vk=vk,
-                                     port=port, idle=idle, services=services, twins=twins)  # fmt: skip
+                                     port=port, idle=idle, services=services, twins=twins,
+                                     grace=grace)  # fmt: skip
                 if namespaces:
                     await many_namespaces(c, namespaces, node=node, suffix=suffix, vk=vk, port=port)
     finally:
@@ -972,6 +979,12 @@ def main() -> None:
         "Running into its parts (to its twin, the twin's binding, its Running, status back); the "
         "watch is one more client of the provider's API server, which the offloaded burst pays for",
     )
+    parser.add_argument(
+        "--grace", type=int, default=0,
+        help="the pods' terminationGracePeriodSeconds (default 0: deleted, a pod goes at once; "
+        "with more, as most pods have, it is terminating first, its twin is deleted with the same "
+        "grace, and the virtual kubelet removes it once its twin is gone: one more request)",
+    )
     args = parser.parse_args()
     if args.split_cores and len(os.sched_getaffinity(0)) < 2:
         parser.error("--split-cores needs 2 CPUs or more: this process may run on "
@@ -980,12 +993,14 @@ def main() -> None:
         parser.error("--idle must be 0 or more")
     if args.services < 0:
         parser.error("--services must be 0 or more")
+    if args.grace < 0:
+        parser.error("--grace must be 0 or more")
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be 1 or more")
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
         asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers,
-                                          args.services, args.split_cores, args.twins)))
+                                          args.services, args.split_cores, args.twins, args.grace)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
