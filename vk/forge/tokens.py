@@ -60,16 +60,19 @@ _FINISHED = frozenset({"Succeeded", "Failed"})
 def matters_to_token(change_type: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
     """Whether a change of a consumer pod can change what its token needs: written while the pod
     runs, removed once it is terminating or finished, renewed on its own schedule. So: an
-    addition, a deletion, another pod of that name, the start of its termination, a change of
-    its spec (volumes, service account), or its phase becoming or ceasing to be final. A status
-    written back (Pending to Running, new conditions) cannot; it woke a pass for every pod that
-    only found the token fresh (issue 15). Pure."""
+    addition, a deletion, another pod of that name, the start of its termination (not its
+    deletionTimestamp moving after that), a change of its spec (volumes, service account), or its
+    phase becoming or ceasing to be final. A status written back (Pending to Running, new
+    conditions) cannot; it woke a pass for every pod that only found the token fresh (issue 15).
+    Pure."""
     if change_type != "MODIFIED" or old is None or new is None:
         return True
     old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
     if old_meta.get("uid") != new_meta.get("uid"):
         return True
-    if old_meta.get("deletionTimestamp") != new_meta.get("deletionTimestamp"):
+    if bool(old_meta.get("deletionTimestamp")) != bool(new_meta.get("deletionTimestamp")):
+        # its start only: a grace period cut short moves the timestamp of a pod whose token
+        # went when it began terminating (issue 15: a pass per pod that found nothing to do)
         return True
     if old.get("spec") != new.get("spec"):
         return True

@@ -127,6 +127,11 @@ def test_a_token_cares_for_its_pod_starting_ending_and_changing_not_for_its_stat
     again["status"]["conditions"] = []
     assert not matters_to_token("MODIFIED", finished, again)
     assert matters_to_token("ADDED", None, pod) and matters_to_token("DELETED", pod, None)
+    terminating = copy.deepcopy(running)
+    terminating["metadata"].update(deletionTimestamp="2024-06-01T11:00:30Z", deletionGracePeriodSeconds=30)
+    cut_short = copy.deepcopy(terminating)  # removed with grace 0 once its twin is gone
+    cut_short["metadata"].update(deletionTimestamp="2024-06-01T11:00:02Z", deletionGracePeriodSeconds=0)
+    assert not matters_to_token("MODIFIED", terminating, cut_short), "its token went when it began"
 
 
 async def test_a_terminating_pods_token_secret_is_deleted_once() -> None:
