@@ -51,7 +51,7 @@ from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
 from .stopping import stop
-from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty
+from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty, wait_for_items
 
 pytestmark = pytest.mark.integration
 
@@ -726,15 +726,14 @@ async def test_no_twin_before_its_namespace_has_the_consumers_ca(
         )
         assert held_pod["status"]["phase"] == "Pending"
         assert f"kube-root-ca.crt in {ns}" in held_pod["status"]["message"]
-
-        async def mount_event() -> RawObject:  # recorded just after the status: wait, not race
-            selector = "involvedObject.name=caller"
-            async for item in watch_objects(consumer_client, EVENTS, namespace=ns, field_selector=selector):
-                if not isinstance(item, Listed) and item.object["reason"] == REASON_MOUNT:
-                    return item.object
-            raise AssertionError("the Event watch ended")
-
-        assert (await asyncio.wait_for(mount_event(), 15))["type"] == "Warning"
+        events = await wait_for_items(  # recorded just after the status: wait for it, not race it
+            consumer_client,
+            EVENTS,
+            lambda items: any(e["reason"] == REASON_MOUNT for e in items),
+            namespace=ns,
+            timeout=15,
+        )
+        assert [e["type"] for e in events if e["reason"] == REASON_MOUNT] == ["Warning"]
         await asyncio.sleep(2)  # and stays held through its retries (one a second)
         with pytest.raises(NotFound):
             await consumer_client.get(CONFIGMAPS, "kube-root-ca.crt", ns)

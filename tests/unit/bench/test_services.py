@@ -23,11 +23,12 @@ def test_the_services_select_none_of_the_pods_of_either_path() -> None:
         assert svc["spec"]["selector"], "a selector, as a team's Services have (an empty slice of it)"
 
 
+@pytest.mark.parametrize("option", ["--services", "--grace"])
 def test_a_negative_count_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    option: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench.offload", "--pods", "10", "--services", "-1"])
+    monkeypatch.setattr(sys, "argv", ["bench.offload", "--pods", "10", option, "-1"])
     with pytest.raises(SystemExit) as exited:
         main()
     assert exited.value.code == 2
-    assert "--services must be 0 or more" in capsys.readouterr().err
+    assert f"{option} must be 0 or more" in capsys.readouterr().err

@@ -120,12 +120,17 @@ class _Provider:
         return body
 
 
-async def test_a_resync_leaves_fresh_tokens_to_their_renewal_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+def reflector_of(provider: _Provider) -> TokenReflector:
+    """A token reflector over one consumer pod (``consumer_pod``), writing to ``provider``."""
     pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
     pods._apply(WatchEvent("ADDED", consumer_pod()))
+    return TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
+                          twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+
+
+async def test_a_resync_leaves_fresh_tokens_to_their_renewal_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     provider = _Provider()
-    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
-                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    reflector = reflector_of(provider)
     key = ObjectKey("ml", "train-0")
     again = await reflector.reconcile(key)
     assert provider.created == [token_secret_name("train-0")] and again is not None
@@ -155,11 +160,8 @@ async def test_a_write_waited_on_and_cancelled_leaves_its_waiter_to_write_rather
     """Two callers share one write in flight; when the writer is cancelled (a leader stepping
     down, a shutdown), the waiter is not: it writes itself instead of taking the writer's
     CancelledError, which would have ended a queue worker that nobody cancelled."""
-    pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
-    pods._apply(WatchEvent("ADDED", consumer_pod()))
     provider = _SlowProvider()
-    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
-                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    reflector = reflector_of(provider)
     writer = asyncio.create_task(reflector.ensure_for(consumer_pod()))
     await asyncio.wait_for(provider.started.wait(), 5)
     waiter = asyncio.create_task(reflector.ensure_for(consumer_pod()))
@@ -174,11 +176,8 @@ async def test_a_write_waited_on_and_cancelled_leaves_its_waiter_to_write_rather
 
 
 async def test_a_write_waited_on_shares_its_result_with_its_waiter() -> None:
-    pods = Informer(None, PODS, compact=True)  # type: ignore[arg-type]
-    pods._apply(WatchEvent("ADDED", consumer_pod()))
     provider = _SlowProvider()
-    reflector = TokenReflector(consumer=_Consumer(), provider=provider, pods=pods,  # type: ignore[arg-type]
-                               twin_namespace_for=lambda ns: f"{ns}-c1", consumer_id="c1")  # fmt: skip
+    reflector = reflector_of(provider)
     first = asyncio.create_task(reflector.ensure_for(consumer_pod()))
     await asyncio.wait_for(provider.started.wait(), 5)
     second = asyncio.create_task(reflector.ensure_for(consumer_pod()))
