@@ -23,6 +23,7 @@ from kube.memory import tune_memory
 from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
 
 from .app import VirtualNodeChanged, VirtualNodeGone, run, run_virtual_node
+from .forge.events import PROVIDER_EVENTS
 from .settings import VirtualKubeletSettings, VirtualNodeError
 
 
@@ -86,6 +87,15 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         action="store_true",
         help="approve the kubelet API's serving-certificate CSR with our own identity (local clusters only)",
     )
+    p.add_argument(
+        "--provider-events",
+        choices=PROVIDER_EVENTS,
+        default="all",
+        help="which provider Events about twins are copied onto their pods (default all: the "
+        "provider's scheduler and kubelet, what kubectl describe shows on a node of its own; "
+        "warnings: only what went wrong, one consumer write per pod fewer or about five with a "
+        "real provider node; none)",
+    )
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
     p.add_argument("--resync-seconds", type=float, default=300.0,
                    help="every pod, twin and copy is reconciled again this often (300): collects "
@@ -116,6 +126,7 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         resources=_pairs(args.resource, "--resource"),
         provider_node_selector=_pairs(args.provider_node_selector, "--provider-node-selector"),
         namespace_strategy=args.namespace_strategy,
+        provider_events=args.provider_events,
         node_address=args.node_address,
         kubelet_api=args.kubelet_api,
         kubelet_port=args.kubelet_port,

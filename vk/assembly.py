@@ -34,6 +34,7 @@ from kube.queueing import KeyedQueue
 from kube.reconciling import Reconciler
 
 from .forge.accessories import CLAIM, CLAIM_TEMPLATE, CONFIGMAP, SECRET, matters_to_copies
+from .forge.events import event_selector
 from .forge.node import network_condition
 from .forge.pods import ForgeOptions, matters_to_twin_sync
 from .forge.podstatus import twin_status_inputs
@@ -119,11 +120,12 @@ def assemble_virtual_kubelet(
                     copier.pod_changed(change.key)
             elif copies_matter:
                 copier.pod_changed(change.key, change.new)
-        events.pod_changed(change.key)
+        if events is not None:
+            events.pod_changed(change.key)
         if occupied.update(change.key, change.new is not None):
             # the node's last pod in this namespace went: its watches go too (issue 15)
             namespace = change.key.namespace or ""
-            for reflector in (*copiers, events):
+            for reflector in (*copiers, *([events] if events is not None else [])):
                 if isinstance(reflector, TokenReflector):
                     reflector.clear_namespace(namespace)
                 else:
@@ -327,11 +329,16 @@ def add_copiers(
 
 
 def add_events(manager: Manager, settings: VirtualKubeletSettings, *, consumer: KubeClient,
-               provider: KubeClient, local: Informer, remote: RemoteSide) -> EventReflector:  # fmt: skip
-    """Provider Events about twins, onto their consumer pods."""
+               provider: KubeClient, local: Informer,
+               remote: RemoteSide) -> EventReflector | None:  # fmt: skip
+    """Provider Events about twins, onto their consumer pods: those ``provider_events`` names
+    (None: no copier, no watch)."""
+    selector = event_selector(settings.provider_events)
+    if selector is None:
+        return None
     events = EventReflector(consumer=consumer, provider=provider, pods=local,
                             twin_namespace_for=remote.twin_namespace_for, node=settings.effective_node_name,
-                            settings=settings.watch)  # fmt: skip
+                            settings=settings.watch, field_selector=selector)  # fmt: skip
     manager.add_task("watch-provider-events", events.run)
     return events
 

@@ -16,6 +16,7 @@ from kube.api import SYSTEM_NAMESPACE
 from kube.quantities import parse_resource_list
 from kube.settings import ClientSettings, ProbeSettings, QueueSettings, WatchSettings
 
+from .forge.events import ProviderEvents
 from .forge.names import NamespaceStrategy, node_name
 
 
@@ -55,6 +56,12 @@ class VirtualKubeletSettings:
     service_account_tokens: bool = True
     """Give twins their consumer pod's service-account token (TokenRequest on the consumer,
     refreshed) in place of the projected token the provider would issue; False drops the volume."""
+    provider_events: ProviderEvents = "all"
+    """Which provider Events about twins are copied onto their consumer pods: ``all`` (the
+    provider's scheduler placing it, its kubelet pulling and starting it, and every Warning),
+    ``warnings`` (only what went wrong: a failed mount or pull, a crash loop), ``none``. Each
+    copy is one Event written on the consumer; a real provider node makes five or so per pod
+    that starts well, all Normal."""
     namespace_strategy: NamespaceStrategy = "default"
     """Twin namespace rule: ``<namespace>-<consumer-id>`` or the same name."""
     node_address: str = "127.0.0.1"

@@ -38,6 +38,7 @@ def kubelet_pod_settings(
         keys = "nodeSelector, tolerations, resources and labels"
         parser.error(f"--virtual-kubelet-pod takes {keys}; got {sorted(unknown)}")
     return KubeletWorkloadSettings(
+        extra_args=tuple(args.virtual_kubelet_arg),
         image=args.virtual_kubelet_image,
         pull_policy=args.virtual_kubelet_pull_policy,
         namespace=args.namespace,
@@ -65,6 +66,7 @@ async def _main(
             probes=probe_settings(args),
             leader_election=leader_election_settings(args),
             kubelet_pods=kubelet_pods,
+            kubelet_args=args.virtual_kubelet_arg,
         )
         await manager.run(handle_signals=True)
 
@@ -112,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         "--virtual-kubelet-pod",
         metavar="JSON",
         help='their pods\' {"nodeSelector", "tolerations", "resources", "labels"}',
+    )
+    parser.add_argument(
+        "--virtual-kubelet-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag every virtual kubelet gets, repeatable (see python -m vk --help), e.g. "
+        "--virtual-kubelet-arg=--provider-events=warnings",
     )
     add_runtime_arguments(parser, lease_name=LEASE_NAME)
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, PROVIDER_LABEL, SYSTEM_NAMESPACE
@@ -104,9 +104,11 @@ def build_consumer(
     leader_election: LeaderElectionSettings | None = None,
     queue: QueueSettings | None = None,
     kubelet_pods: KubeletWorkloadSettings | None = None,
+    kubelet_args: Sequence[str] = (),
 ) -> Manager:
     """``kubelet_pods``: run the virtual kubelets as Deployments with these settings (in a
-    cluster); None: as processes of this agent."""
+    cluster); None: as processes of this agent. ``kubelet_args``: flags every virtual kubelet
+    gets (processes mode; a Deployment's are in ``kubelet_pods``)."""
     system = namespace or SYSTEM_NAMESPACE
     queue = queue or QueueSettings(workers=4)
     fc_q: KeyedQueue[ObjectKey] = KeyedQueue("foreign_clusters", settings=queue)
@@ -196,6 +198,7 @@ def build_consumer(
             log_dir=log_dir,
             kubelet_self_approve=kubelet_self_approve,
             node_address=node_address,
+            extra_args=tuple(kubelet_args),
         )
         manager.add_task("virtual-kubelets", VirtualNodeSupervisor(client, settings).run)
     if not kubelet_self_approve:  # the agent checks and approves its kubelets' serving certificates

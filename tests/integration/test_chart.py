@@ -118,6 +118,8 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
             assert ("Service", "gpuferry-gateway") not in by_name  # a consumer dials, it is not dialled
             metrics = by_name["Service", "gpuferry-virtual-kubelet-metrics"]["spec"]
             assert metrics["clusterIP"] == "None"  # every virtual kubelet's pod its own endpoint
+            # every virtual kubelet copies all the provider's Events about its twins by default
+            assert "--virtual-kubelet-arg=--provider-events=all" in container["args"], container["args"]
         # every object as the API server validates it (server-side dry run, nothing is stored)
         consumer.kubectl("create", "namespace", SYSTEM_NAMESPACE, check=False)
         consumer.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered)
@@ -144,6 +146,7 @@ def test_the_chart_renders_objects_the_api_server_accepts(consumer: LocalCluster
         (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=-1"], "minimum"),
         (["--set", "clusterID=ml-eu", "--set", "provider.poolPace=fast"], "does not match pattern"),
         (["--set", "clusterID=ml-eu", "--set", "provider.poolPodBatch=-1"], "minimum"),
+        (["--set", "clusterID=ml-eu", "--set", "virtualKubelet.providerEvents=errors"], "must be one of"),
         (
             ["--set", "clusterID=ml-eu", "--namespace", "default"],
             "install gpuferry into the namespace gpuferry-system",

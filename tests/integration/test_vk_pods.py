@@ -876,6 +876,15 @@ async def test_pod_ips_are_reported_in_the_view_the_network_fabric_publishes(
     )
 
 
+def copied_about(events: list[RawObject], uid: str) -> list[RawObject]:
+    """The Events copied from the provider about the consumer pod of ``uid``."""
+    return [
+        e for e in events
+        if e["involvedObject"].get("uid") == uid
+        and (e.get("source") or {}).get("component", "").startswith("gpuferry/provider")
+    ]  # fmt: skip
+
+
 async def test_provider_events_about_a_twin_show_on_the_consumer_pod_once(
     vk: VirtualKubelet,
     consumer_client: KubeClient,
@@ -886,22 +895,61 @@ async def test_provider_events_about_a_twin_show_on_the_consumer_pod_once(
     created = await consumer_client.create(PODS, pod("observed", 1), ns)
     await wait_for(consumer_client, PODS, "observed", running, namespace=ns, timeout=30)
     twin = await provider_client.get(PODS, "observed", vk.twin_ns(ns))
+    uid = created["metadata"]["uid"]
 
-    def from_provider(events: list[RawObject]) -> list[RawObject]:
-        return [
-            e for e in events if (e.get("source") or {}).get("component", "").startswith("gpuferry/provider")
-        ]
+    def about_it(events: list[RawObject]) -> list[RawObject]:
+        return copied_about(events, uid)
 
-    selector = f"involvedObject.uid={created['metadata']['uid']}"
-    for _ in range(100):
-        reflected = from_provider((await consumer_client.list(EVENTS, ns, field_selector=selector))["items"])
-        if any(e["reason"] == "Scheduled" for e in reflected):
-            break
-        await asyncio.sleep(0.2)
+    reflected = about_it(await wait_for_items(
+        consumer_client, EVENTS, lambda items: any(e["reason"] == "Scheduled" for e in about_it(items)),
+        namespace=ns, timeout=20,
+    ))  # fmt: skip
     (scheduled,) = [e for e in reflected if e["reason"] == "Scheduled"]
     assert twin["spec"]["nodeName"] in scheduled["message"], "where the provider placed it"
     assert scheduled["source"]["component"] == "gpuferry/provider default-scheduler"
     # later updates and relists of the provider events add nothing twice
     await asyncio.sleep(6)
-    again = from_provider((await consumer_client.list(EVENTS, ns, field_selector=selector))["items"])
+    selector = f"involvedObject.uid={uid}"
+    again = about_it((await consumer_client.list(EVENTS, ns, field_selector=selector))["items"])
     assert sorted(e["metadata"]["name"] for e in again) == sorted(e["metadata"]["name"] for e in reflected)
+
+
+@pytest.mark.parametrize("vk", [{"provider_events": "warnings"}], indirect=True)
+async def test_with_warnings_only_a_twins_normal_events_stay_on_the_provider(
+    vk: VirtualKubelet,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """``--provider-events warnings``: the provider's scheduler placing the twin (Normal) is not
+    copied, a Warning about it is. The copier writes what its watch brings in order, so once
+    the Warning is on the consumer, a Normal Event from before it would be there too."""
+    ns = await make_namespace(consumer_client)
+    created = await consumer_client.create(PODS, pod("quiet", 1), ns)
+    await wait_for(consumer_client, PODS, "quiet", running, namespace=ns, timeout=30)
+    twin_ns = vk.twin_ns(ns)
+    twin = await provider_client.get(PODS, "quiet", twin_ns)
+    twin_uid = twin["metadata"]["uid"]
+    await wait_for_items(  # the Normal Event there is to leave behind
+        provider_client, EVENTS,
+        lambda items: any(e["reason"] == "Scheduled" and e["involvedObject"].get("uid") == twin_uid
+                          for e in items),
+        namespace=twin_ns, timeout=20,
+    )  # fmt: skip
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    await provider_client.create(EVENTS, {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"quiet.{uuid.uuid4().hex[:8]}"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": "quiet", "namespace": twin_ns,
+                           "uid": twin_uid},
+        "type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container cuda",
+        "source": {"component": "kubelet"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }, twin_ns)  # fmt: skip
+    uid = created["metadata"]["uid"]
+    copied = copied_about(await wait_for_items(
+        consumer_client, EVENTS,
+        lambda items: any(e["reason"] == "BackOff" for e in copied_about(items, uid)),
+        namespace=ns, timeout=20,
+    ), uid)  # fmt: skip
+    assert [(e["type"], e["reason"]) for e in copied] == [("Warning", "BackOff")]
+    assert copied[0]["source"]["component"] == "gpuferry/provider kubelet"

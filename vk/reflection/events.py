@@ -82,6 +82,7 @@ class EventReflector:
         twin_namespace_for: Callable[[str], str | None],
         node: str,
         settings: WatchSettings | None = None,
+        field_selector: str = "involvedObject.kind=Pod",
     ) -> None:
         self.consumer = consumer
         self.provider = provider
@@ -89,6 +90,8 @@ class EventReflector:
         self.twin_namespace_for = twin_namespace_for
         self.node = node
         self.settings = settings or WatchSettings()
+        self.field_selector = field_selector
+        """Which Events of a twin namespace are copied (:func:`vk.forge.events.event_selector`)."""
         self._origin: dict[str, str] = {}  # twin namespace -> consumer namespace
         self._watches = NamespaceTasks("watch-provider-events")
         self._written: dict[str, dict[str, int]] = {}  # twin namespace -> provider event uid -> count
@@ -118,7 +121,7 @@ class EventReflector:
             self.provider,
             EVENTS,
             namespace=twin_ns,
-            field_selector="involvedObject.kind=Pod",
+            field_selector=self.field_selector,
             settings=self.settings,
             retry_permanent=True,
         ):

@@ -3,10 +3,12 @@ the VirtualNode (phase and KubeletRunning)."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import pytest
 
+from peering.consumer.__main__ import kubelet_pod_settings
 from peering.kubeletworkload import (
     SPEC_ANNOTATION,
     KubeletWorkloadSettings,
@@ -148,3 +150,17 @@ def test_a_terminating_pod_does_not_count_as_the_running_kubelet() -> None:
     gone = pod(podIP="10.244.10.7", conditions=[{"type": "Ready", "status": "True"}])
     gone["metadata"]["deletionTimestamp"] = "2026-11-24T00:00:00Z"
     assert kubelet_state(DEPLOY, [gone]).phase == "Pending"
+
+
+def test_the_agents_kubelet_flags_reach_every_kubelets_deployment() -> None:
+    parser = argparse.ArgumentParser()
+    args = argparse.Namespace(
+        virtual_kubelets="pods", virtual_kubelet_image="gpuferry.local/gpuferry:abc",
+        virtual_kubelet_pull_policy="Never", virtual_kubelet_pod="{}", namespace="gpuferry-system",
+        virtual_kubelet_cluster_role="gpuferry-virtual-kubelet",
+        virtual_kubelet_arg=["--provider-events=warnings", "--workers=32"],
+    )  # fmt: skip
+    settings = kubelet_pod_settings(args, parser)
+    assert settings is not None
+    (c,) = workload_objects(VN, settings)[2]["spec"]["template"]["spec"]["containers"]
+    assert c["args"][-2:] == ["--provider-events=warnings", "--workers=32"]

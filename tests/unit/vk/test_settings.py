@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from vk.__main__ import parse_settings
+from vk.forge.events import ProviderEvents, event_selector
 from vk.settings import VirtualKubeletSettings, VirtualNodeError, from_virtual_node
 
 BASE = VirtualKubeletSettings(
@@ -101,3 +102,24 @@ def test_the_resync_period_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit):
         parse_settings(["--virtual-node", "ns/vn", "--resync-seconds", "0"])
     assert "--resync-seconds must be at least 1" in capsys.readouterr().err
+
+
+def test_which_provider_events_are_copied_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_settings(["--virtual-node", "ns/vn"]).provider_events == "all"
+    flag = ["--virtual-node", "ns/vn", "--provider-events", "warnings"]
+    assert parse_settings(flag).provider_events == "warnings"
+    with pytest.raises(SystemExit):
+        parse_settings(["--virtual-node", "ns/vn", "--provider-events", "errors"])
+    assert "invalid choice: 'errors'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "which,selector",
+    [
+        ("all", "involvedObject.kind=Pod"),
+        ("warnings", "involvedObject.kind=Pod,type=Warning"),  # the API server drops the Normal ones
+        ("none", None),  # no watch at all
+    ],
+)
+def test_the_provider_events_watched_are_those_to_copy(which: ProviderEvents, selector: str | None) -> None:
+    assert event_selector(which) == selector
