@@ -69,6 +69,7 @@ from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
 from kube.settings import ClientSettings
 from kube.watching import Listed, WatchEvent, present_after, watch_objects
+from vk.forge.events import PROVIDER_EVENTS
 from vk.forge.labels import owner_selector
 
 TOLERATION = {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
@@ -463,7 +464,7 @@ def per_pod(
 
 def vk_command(
     consumer: Any, provider: Any, cons_id: str, prov_id: str, gpus: str, port: int, resync: float,
-    run: str, workers: int | None = None,
+    run: str, workers: int | None = None, provider_events: str = "all",
 ) -> list[str]:
     return [
         sys.executable,
@@ -493,6 +494,8 @@ def vk_command(
         "--provider-node-selector",
         f"{RUN_LABEL}={run}",
         *(["--workers", str(workers)] if workers else []),
+        "--provider-events",
+        provider_events,
     ]
 
 
@@ -836,6 +839,7 @@ async def many_namespaces(
 async def bench(
     profile: str, counts: list[int], namespaces: int | None, idle: float, workers: int | None = None,
     services: int = 0, split_cores: bool = False, twins: bool = False, grace: int = 0,
+    provider_events: str = "all",
 ) -> None:
     clusters = profile_clusters(profile)
     consumer, provider = clusters["consumer"], clusters["provider"]
@@ -848,7 +852,8 @@ async def bench(
     log = f"/tmp/bench-vk-{suffix}.log"
     resync = max(idle, 1.0) if idle else 300.0
     vk = subprocess.Popen(  # noqa: ASYNC220 - started once, before any timing
-        vk_command(consumer, provider, cons_id, prov_id, gpus, port, resync, suffix, workers),
+        vk_command(consumer, provider, cons_id, prov_id, gpus, port, resync, suffix, workers,
+                   provider_events=provider_events),
         stdout=subprocess.DEVNULL,
         stderr=open(log, "w"),  # noqa: SIM115, ASYNC230
     )
@@ -985,6 +990,12 @@ def main() -> None:
         "with more, as most pods have, it is terminating first, its twin is deleted with the same "
         "grace, and the virtual kubelet removes it once its twin is gone: one more request)",
     )
+    parser.add_argument(
+        "--provider-events", choices=PROVIDER_EVENTS, default="all",
+        help="the virtual kubelet's --provider-events: which provider Events about twins it copies "
+        "onto their pods (default all: here the provider's scheduler's, one per pod; warnings: none "
+        "while all goes well)",
+    )
     args = parser.parse_args()
     if args.split_cores and len(os.sched_getaffinity(0)) < 2:
         parser.error("--split-cores needs 2 CPUs or more: this process may run on "
@@ -1000,7 +1011,8 @@ def main() -> None:
     counts = args.pods or ([] if args.namespaces else [100, 1000])
     try:
         asyncio.run(_stoppable(bench(args.profile, counts, args.namespaces, args.idle, args.workers,
-                                          args.services, args.split_cores, args.twins, args.grace)))
+                                          args.services, args.split_cores, args.twins, args.grace,
+                                          args.provider_events)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("interrupted: what the benchmark made is removed", file=sys.stderr)
         sys.exit(130)
