@@ -41,7 +41,7 @@ from kube.metrics import counter, gauge
 from kube.objects import VIRTUALNODES, ObjectKey, RawObject
 from kube.watching import Listed, watch_objects
 
-__all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor"]
+__all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor", "kubelet_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,19 @@ class SupervisorSettings:
     max_backoff: float = 60.0
 
 
+def kubelet_command(s: SupervisorSettings, key: ObjectKey, kubelet_port: int | None) -> list[str]:
+    """``python -m vk`` for the VirtualNode ``key``, its kubelet API on ``kubelet_port`` (None:
+    without one), and the agent's extra flags last. Pure."""
+    cmd = [s.python, "-m", "vk", "--virtual-node", f"{key.namespace}/{key.name}"]
+    if s.consumer_kubeconfig is not None:
+        cmd += ["--consumer-kubeconfig", str(s.consumer_kubeconfig)]
+    if kubelet_port is not None:
+        cmd += ["--kubelet-api", "--node-address", s.node_address, "--kubelet-port", str(kubelet_port)]
+        if s.kubelet_self_approve:
+            cmd.append("--kubelet-csr-self-approve")
+    return cmd + list(s.extra_args)
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -96,15 +109,7 @@ class _Child:
 
     def _command(self) -> list[str]:
         s = self.supervisor.settings
-        cmd = [s.python, "-m", "vk", "--virtual-node", f"{self.key.namespace}/{self.key.name}"]
-        if s.consumer_kubeconfig is not None:
-            cmd += ["--consumer-kubeconfig", str(s.consumer_kubeconfig)]
-        if s.kubelet_api:
-            port = _free_port(s.node_address)
-            cmd += ["--kubelet-api", "--node-address", s.node_address, "--kubelet-port", str(port)]
-            if s.kubelet_self_approve:
-                cmd.append("--kubelet-csr-self-approve")
-        return cmd + list(s.extra_args)
+        return kubelet_command(s, self.key, _free_port(s.node_address) if s.kubelet_api else None)
 
     def _log_path(self) -> Path | None:
         log_dir = self.supervisor.settings.log_dir

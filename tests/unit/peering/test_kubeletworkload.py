@@ -4,10 +4,12 @@ the VirtualNode (phase and KubeletRunning)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from kube.objects import ObjectKey
 from peering.consumer.__main__ import kubelet_pod_settings
 from peering.kubeletworkload import (
     SPEC_ANNOTATION,
@@ -17,6 +19,7 @@ from peering.kubeletworkload import (
     workload_name,
     workload_objects,
 )
+from peering.virtualnodes import SupervisorSettings, kubelet_command
 
 VN: dict[str, Any] = {
     "apiVersion": "offloading.gpuferry.io/v1alpha1",
@@ -164,3 +167,15 @@ def test_the_agents_kubelet_flags_reach_every_kubelets_deployment() -> None:
     assert settings is not None
     (c,) = workload_objects(VN, settings)[2]["spec"]["template"]["spec"]["containers"]
     assert c["args"][-2:] == ["--provider-events=warnings", "--workers=32"]
+
+
+def test_the_agents_kubelet_flags_reach_every_kubelet_it_runs_as_a_process() -> None:
+    settings = SupervisorSettings(consumer_kubeconfig=Path("/k"), python="python3",
+                                  extra_args=("--provider-events=none",))  # fmt: skip
+    key = ObjectKey("gpuferry-system", "gpu-farm")
+    assert kubelet_command(settings, key, 41000) == [
+        "python3", "-m", "vk", "--virtual-node", "gpuferry-system/gpu-farm", "--consumer-kubeconfig", "/k",
+        "--kubelet-api", "--node-address", "127.0.0.1", "--kubelet-port", "41000", "--provider-events=none",
+    ]  # fmt: skip
+    without_api = kubelet_command(settings, key, None)
+    assert without_api[-3:] == ["--consumer-kubeconfig", "/k", "--provider-events=none"]
