@@ -16,26 +16,19 @@ like these (``bench.offload`` prints how many per pod).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from bench.offload import TimedOut, wait_gone
-from bench.offload import namespace as bench_namespace
-from hack.localcluster import profile_clusters
+from bench.scratch import PROFILES, gather_limited, kubeconfig_of, run_bench, scratch_namespace
 from kube.clients import KubeClient
-from kube.errors import KubeError
-from kube.kubeconfigs import ConfigError
-from kube.objects import CONFIGMAPS, NAMESPACES
+from kube.objects import CONFIGMAPS
 from kube.settings import ClientSettings
 
 Pass = Callable[[str, int, int], Awaitable[None]]
@@ -59,16 +52,6 @@ def _configmap(name: str) -> dict[str, object]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"a": "b"}}
 
 
-async def _gather(objects: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> None:
-    sem = asyncio.Semaphore(concurrency)
-
-    async def limited(i: int) -> None:
-        async with sem:
-            await one(i)
-
-    await asyncio.gather(*(limited(i) for i in range(objects)))
-
-
 def ours(c: KubeClient, tag: str) -> Pass:
     async def run(ns: str, objects: int, concurrency: int) -> None:
         async def one(i: int) -> None:
@@ -77,7 +60,7 @@ def ours(c: KubeClient, tag: str) -> Pass:
             await c.get(CONFIGMAPS, name, ns)
             await c.delete(CONFIGMAPS, name, ns)
 
-        await _gather(objects, concurrency, one)
+        await gather_limited(objects, concurrency, one)
 
     return run
 
@@ -90,7 +73,7 @@ def theirs(api: k8s.CoreV1Api, tag: str) -> Pass:
             await api.read_namespaced_config_map(name, ns)
             await api.delete_namespaced_config_map(name, ns)
 
-        await _gather(objects, concurrency, one)
+        await gather_limited(objects, concurrency, one)
 
     return run
 
@@ -103,35 +86,30 @@ async def timed(run: Pass, ns: str, objects: int, concurrency: int) -> float:
 
 
 async def main(kubeconfig: Path, objects: int, concurrency: int, rounds: int) -> None:
-    ns = f"bench-client-{uuid.uuid4().hex[:6]}"
     config = k8s.Configuration()
     await k8s_config.load_kube_config(config_file=str(kubeconfig), client_configuration=config)
-    async with KubeClient.from_kubeconfig(kubeconfig, settings=ClientSettings(qps=0)) as c:
-        await c.create(NAMESPACES, bench_namespace(ns))
-        try:
-            async with k8s.ApiClient(configuration=config) as api_client:
-                api = k8s.CoreV1Api(api_client)
-                for warm in (ours(c, "warm-o"), theirs(api, "warm-t")):  # connections, imports
-                    await warm(ns, 2 * concurrency, concurrency)
-                got: dict[str, list[float]] = {"ours": [], "theirs": []}
-                for r in range(rounds):
-                    for side, run in (("ours", ours(c, f"o{r}")), ("theirs", theirs(api, f"t{r}"))):
-                        cpu = await timed(run, ns, objects, concurrency)
-                        got[side].append(cpu_per_request(cpu, objects))
-                        print(f"  round {r + 1} {side}: {got[side][-1]:.3f} ms CPU per request", flush=True)
-                print(summary(got["ours"], got["theirs"]), flush=True)
-        finally:
-            try:
-                await c.delete(NAMESPACES, ns)
-                await wait_gone(c, [ns], timeout=120)
-            except (KubeError, TimedOut) as exc:
-                print(f"cleanup: namespace {ns} may be left: {exc}", file=sys.stderr)
+    async with (
+        KubeClient.from_kubeconfig(kubeconfig, settings=ClientSettings(qps=0)) as c,
+        scratch_namespace(c, "bench-client") as ns,
+        k8s.ApiClient(configuration=config) as api_client,
+    ):
+        api = k8s.CoreV1Api(api_client)
+        for warm in (ours(c, "warm-o"), theirs(api, "warm-t")):  # connections, imports
+            await warm(ns, 2 * concurrency, concurrency)
+        got: dict[str, list[float]] = {"ours": [], "theirs": []}
+        for r in range(rounds):
+            for side, run in (("ours", ours(c, f"o{r}")), ("theirs", theirs(api, f"t{r}"))):
+                cpu = await timed(run, ns, objects, concurrency)
+                got[side].append(cpu_per_request(cpu, objects))
+                print(f"  round {r + 1} {side}: {got[side][-1]:.3f} ms CPU per request", flush=True)
+        print(summary(got["ours"], got["theirs"]), flush=True)
 
 
 def cli(argv: list[str] | None = None) -> int:
     about = (__doc__ or "").split("\n\n")[0]
     p = argparse.ArgumentParser(prog="python -m bench.client_requests", description=about)
-    p.add_argument("--profile", default="demo", help="local clusters to use (default: demo; make demo first)")
+    p.add_argument("--profile", default="demo", choices=PROFILES,
+                   help="local clusters to use (default: demo; make demo first)")  # fmt: skip
     p.add_argument("--cluster", default="consumer", choices=["consumer", "provider"])
     p.add_argument("--objects", type=int, default=2000, help="ConfigMaps per pass (3 requests each)")
     p.add_argument("--concurrency", type=int, default=16, help="objects in flight (the vk: 16 pod workers)")
@@ -139,21 +117,10 @@ def cli(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.objects < 1 or args.concurrency < 1 or args.rounds < 1:
         p.error("--objects, --concurrency and --rounds must be at least 1")
-    cluster = profile_clusters(args.profile)[args.cluster]
-    kubeconfig = cluster.spec.kubeconfig
-    if not Path(kubeconfig).exists():
-        print(f"no kubeconfig at {kubeconfig}: start the clusters first (make demo)", file=sys.stderr)
+    kubeconfig = kubeconfig_of(args.profile, args.cluster)
+    if kubeconfig is None:
         return 1
-    try:
-        asyncio.run(main(Path(kubeconfig), args.objects, args.concurrency, args.rounds))
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
-    except (KubeError, ConfigError, ApiException, aiohttp.ClientError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        print(f"benchmark stopped: {type(exc).__name__}: {reason}", file=sys.stderr)
-        return 1
-    return 0
+    return run_bench(main(kubeconfig, args.objects, args.concurrency, args.rounds), ApiException)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ from bench import cores, machine
 from hack.localcluster import NodeSpec, profile_clusters
 from hack.localcluster.cluster import KubectlFailed
 from hack.localcluster.nodes import node_manifest
+from hack.localcluster.spec import PROFILE_PORT_BASES
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
@@ -954,7 +955,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--profile", default="demo")
+    parser.add_argument("--profile", default="demo", choices=sorted(PROFILE_PORT_BASES),
+                        help="local clusters to use (default: demo; make demo first)")  # fmt: skip
     parser.add_argument("--pods", type=int, action="append", help="N (repeatable; default 100 and 1000)")
     parser.add_argument("--namespaces", type=int, help="one pod in each of N namespaces, then none")
     parser.add_argument(

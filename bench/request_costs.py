@@ -24,22 +24,17 @@ import asyncio
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from bench import machine
-from bench.offload import TimedOut, wait_gone
-from bench.offload import namespace as bench_namespace
-from hack.localcluster import profile_clusters
+from bench.offload import TimedOut
+from bench.scratch import PROFILES, gather_limited, kubeconfig_of, run_bench, scratch_namespace
 from kube.clients import KubeClient
-from kube.errors import KubeError
-from kube.kubeconfigs import ConfigError
-from kube.objects import CONFIGMAPS, NAMESPACES, PODS, SECRETS, SERVICEACCOUNTS, RawObject
+from kube.objects import CONFIGMAPS, PODS, SECRETS, SERVICEACCOUNTS, ObjectKey, RawObject
 from kube.settings import ClientSettings
+from kube.watching import present_after, watch_objects
 
 KINDS = ("token", "secret", "configmap")
 TOKEN_BYTES = 1000
@@ -148,38 +143,34 @@ def one_request(c: KubeClient, kind: str, ns: str, pod: RawObject, tag: str) -> 
     return lambda i: c.create(resource, {"metadata": {"name": f"{tag}-{i}"}, field: {"token": data}}, ns)
 
 
-async def timed_pass(one: Request, requests: int, concurrency: int
-                     ) -> tuple[machine.Burst, float]:  # fmt: skip
-    sem = asyncio.Semaphore(concurrency)
-
-    async def limited(i: int) -> None:
-        async with sem:
-            await one(i)
-
+async def timed_pass(one: Request, requests: int, concurrency: int) -> tuple[machine.Burst, float]:
     before, start = machine.snapshot(), time.monotonic()
-    await asyncio.gather(*(limited(i) for i in range(requests)))
+    await gather_limited(requests, concurrency, one)
     return machine.snapshot().since(before), time.monotonic() - start
 
 
 async def wait_account(c: KubeClient, ns: str, timeout: float = 60.0) -> None:
-    """Until the namespace's default ServiceAccount exists (the controller-manager makes it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await c.get(SERVICEACCOUNTS, "default", ns)
-            return
-        except KubeError:
-            if time.monotonic() > deadline:
-                raise TimedOut(f"no ServiceAccount default in {ns} after {timeout:.0f}s") from None
-            await asyncio.sleep(0.2)
+    """Until the namespace's default ServiceAccount exists (the controller-manager makes it),
+    watched; :class:`TimedOut` after ``timeout`` seconds."""
+    present: frozenset[ObjectKey] = frozenset()
+    try:
+        async with asyncio.timeout(timeout):
+            async for item in watch_objects(c, SERVICEACCOUNTS, namespace=ns,
+                                            field_selector="metadata.name=default"):  # fmt: skip
+                present = present_after(present, item)
+                if present:
+                    return
+    except TimeoutError:
+        raise TimedOut(f"no ServiceAccount default in {ns} after {timeout:.0f}s") from None
 
 
 async def main(kubeconfig: Path, cluster: str, requests: int, concurrency: int, rounds: int,
                rest_seconds: float) -> None:  # fmt: skip
-    ns = f"bench-requests-{uuid.uuid4().hex[:6]}"
     costs: dict[str, list[Cost]] = {kind: [] for kind in KINDS}
-    async with KubeClient.from_kubeconfig(kubeconfig, settings=ClientSettings(qps=0)) as c:
-        await c.create(NAMESPACES, bench_namespace(ns))
+    async with (
+        KubeClient.from_kubeconfig(kubeconfig, settings=ClientSettings(qps=0)) as c,
+        scratch_namespace(c, "bench-requests") as ns,
+    ):
         try:
             await wait_account(c, ns)
             pod = await c.create(PODS, gated_pod("bound-to"), ns)
@@ -199,19 +190,15 @@ async def main(kubeconfig: Path, cluster: str, requests: int, concurrency: int, 
                           f"{got.apiserver:.2f} ms, etcd {got.etcd:.2f}, the machine {got.machine:.2f} "
                           "per request", flush=True)  # fmt: skip
         finally:
-            for line in summary(costs):
+            for line in summary(costs):  # what the rounds so far got, also when stopped
                 print(line, flush=True)
-            try:
-                await c.delete(NAMESPACES, ns)
-                await wait_gone(c, [ns], timeout=120)
-            except (KubeError, TimedOut) as exc:
-                print(f"cleanup: namespace {ns} may be left: {exc}", file=sys.stderr)
 
 
 def cli(argv: list[str] | None = None) -> int:
     about = (__doc__ or "").split("\n\n")[0]
     p = argparse.ArgumentParser(prog="python -m bench.request_costs", description=about)
-    p.add_argument("--profile", default="demo", help="local clusters to use (default: demo; make demo first)")
+    p.add_argument("--profile", default="demo", choices=PROFILES,
+                   help="local clusters to use (default: demo; make demo first)")  # fmt: skip
     p.add_argument("--cluster", default="consumer", choices=["consumer", "provider"])
     p.add_argument("--requests", type=int, default=1000, help="requests per pass")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight (the vk: 16 pod workers)")
@@ -220,23 +207,10 @@ def cli(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.requests < 1 or args.concurrency < 1 or args.rounds < 1 or args.rest <= 0:
         p.error("--requests, --concurrency and --rounds must be at least 1, --rest above 0")
-    cluster = profile_clusters(args.profile)[args.cluster]
-    kubeconfig = cluster.spec.kubeconfig
-    if not Path(kubeconfig).exists():
-        print(f"no kubeconfig at {kubeconfig}: start the clusters first (make demo)", file=sys.stderr)
+    kubeconfig = kubeconfig_of(args.profile, args.cluster)
+    if kubeconfig is None:
         return 1
-    try:
-        asyncio.run(
-            main(Path(kubeconfig), args.cluster, args.requests, args.concurrency, args.rounds, args.rest)
-        )
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
-    except (KubeError, ConfigError, TimedOut, aiohttp.ClientError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        print(f"benchmark stopped: {type(exc).__name__}: {reason}", file=sys.stderr)
-        return 1
-    return 0
+    return run_bench(main(kubeconfig, args.cluster, args.requests, args.concurrency, args.rounds, args.rest))
 
 
 if __name__ == "__main__":
