@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -54,6 +53,7 @@ from peering.provider.settings import ProviderSettings
 from peering.resources import TENANTS
 
 from .clirunner import Cli
+from .ports import free_port
 from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration
@@ -66,12 +66,6 @@ H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 CONDITIONS = ("Authenticated", "SliceGranted", "VirtualNodeReady", "NetworkReady")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Replica:
     """One controller process, its probe port and its log."""
@@ -79,11 +73,11 @@ class Replica:
     name: str
     argv: list[str]
     log: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [*self.argv, "--probe-port", str(self.port)],

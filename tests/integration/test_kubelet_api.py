@@ -10,7 +10,6 @@ import contextlib
 import datetime
 import json
 import os
-import socket
 import ssl
 import uuid
 from collections.abc import AsyncIterator
@@ -46,6 +45,7 @@ from vk.kubelet.certificates import ServingCertificate, approve_csr
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .ports import free_port
 from .stopping import stop
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
 from .waiting import condition, wait_for
@@ -59,12 +59,6 @@ KWOK_LOGS = Resource(KWOK, "v1alpha1", "logs", "Logs", namespaced=True)
 KWOK_EXECS = Resource(KWOK, "v1alpha1", "execs", "Exec", namespaced=True)
 KWOK_ATTACHES = Resource(KWOK, "v1alpha1", "attaches", "Attach", namespaced=True)
 KWOK_PORTFORWARDS = Resource(KWOK, "v1alpha1", "portforwards", "PortForward", namespaced=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -157,7 +151,7 @@ async def vk(
         resync_seconds=5,
         kubelet_api=True,
         kubelet_csr_self_approve=True,
-        kubelet_port=_free_port(),
+        kubelet_port=free_port(),
         kubelet_cert_seconds=600,
     )
     task = asyncio.create_task(run(settings), name="virtual-kubelet")
@@ -430,7 +424,7 @@ async def test_kubectl_port_forward_carries_an_http_request(
     app.router.add_get("/{tail:.*}", hello)
     runner = web.AppRunner(app)
     await runner.setup()
-    target = _free_port()
+    target = free_port()
     await web.TCPSite(runner, "127.0.0.1", target).start()
     try:
         await provider_client.create(
@@ -443,7 +437,7 @@ async def test_kubectl_port_forward_carries_an_http_request(
             },
             offloaded.twin_namespace,
         )
-        local = _free_port()
+        local = free_port()
         async with Kubectl(consumer).background(
             "port-forward", "-n", offloaded.namespace, f"pod/{offloaded.name}", f"{local}:8080"
         ) as forward:
@@ -596,7 +590,7 @@ async def test_serving_certificate_is_renewed_in_place(
     await certificate.setup()
     runner = web.AppRunner(web.Application())
     await runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port, ssl_context=certificate.context).start()
     ca = ssl.create_default_context(cafile=str(consumer.spec.pki_dir / "ca.crt"))
 
@@ -656,7 +650,7 @@ async def test_the_node_declares_websockets_and_spdy_clients_still_work(
     app.router.add_get("/", hello)
     runner = web.AppRunner(app)
     await runner.setup()
-    target = _free_port()
+    target = free_port()
     await web.TCPSite(runner, "127.0.0.1", target).start()
     try:
         await provider_client.create(
@@ -666,7 +660,7 @@ async def test_the_node_declares_websockets_and_spdy_clients_still_work(
              "spec": {"forwards": [{"ports": [8080], "target": {"port": target, "address": "127.0.0.1"}}]}},
             offloaded.twin_namespace,
         )  # fmt: skip
-        local = _free_port()
+        local = free_port()
         forward = await asyncio.create_subprocess_exec(
             *kubectl.argv("port-forward", "-n", offloaded.namespace, f"pod/{offloaded.name}",
                           f"{local}:8080"),
@@ -774,7 +768,7 @@ async def test_logs_and_exec_with_a_scoped_tenant_identity(
         provider_probe_seconds=1,
         kubelet_api=True,
         kubelet_csr_self_approve=True,
-        kubelet_port=_free_port(),
+        kubelet_port=free_port(),
     )
     node = settings.effective_node_name
     task = asyncio.create_task(run(settings))
@@ -875,7 +869,7 @@ async def test_without_self_approval_the_kubelet_api_waits_for_an_approver(
         heartbeat_seconds=2,
         provider_probe_seconds=1,
         kubelet_api=True,
-        kubelet_port=_free_port(),
+        kubelet_port=free_port(),
     )
     node = settings.effective_node_name
     task = asyncio.create_task(run(settings))

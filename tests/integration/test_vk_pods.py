@@ -7,7 +7,6 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -50,6 +49,7 @@ from vk.reflection.pods import GATE_RETRY_SECONDS, REASON_MOUNT
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .ports import free_port
 from .stopping import stop
 from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty, wait_for_items
 
@@ -95,7 +95,7 @@ async def vk(
         status_seconds=5,
         provider_probe_seconds=1,
         resync_seconds=5,
-        metrics_port=_free_port(),
+        metrics_port=free_port(),
     )
     settings = dataclasses.replace(settings, **overrides)
     task = asyncio.create_task(run(settings), name="virtual-kubelet")
@@ -126,12 +126,6 @@ async def vk(
     )
     for ns in twins["items"]:
         await provider_client.delete(NAMESPACES, ns["metadata"]["name"])
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -26,17 +25,12 @@ from kube.objects import LEASES, NAMESPACES, NODES, PODS, RawObject
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 
 from .conftest import NamespaceFactory
+from .ports import free_port
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
 
 H100_SELECTOR = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -85,7 +79,7 @@ async def process(
     """``python -m vk`` with flags (an admin identity on the provider), probes on a free port."""
     suffix = uuid.uuid4().hex[:6]
     consumer_id, provider_id = f"cons-{suffix}", f"proc-{suffix}"
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, "-m", "vk", "--consumer-kubeconfig", str(consumer.spec.kubeconfig),
             "--provider-kubeconfig", str(provider.spec.kubeconfig), "--consumer-id", consumer_id,
             "--provider-id", provider_id, "--resource", "nvidia.com/gpu=8", "--resource", "pods=110",
