@@ -361,14 +361,19 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert len((await provider_client.list(PODS, namespace="chart-work-ml-eu"))["items"]) == 1
 
         # an upgrade to a new image tag (the same image, tagged anew on each node) rolls every
-        # component, the virtual kubelet too; the offloaded pod keeps running, on one twin
+        # component, the virtual kubelet too; the offloaded pod keeps running, on one twin. The
+        # consumer's upgrade also changes a virtual-kubelet setting: the agent's new pods pass it on
+        # to the kubelet's Deployment they re-apply
+        assert "--provider-events=warnings" not in kubelet["spec"]["containers"][0]["args"]
         for cluster, role, cid in ((provider, "provider", "gpu-farm"), (consumer, "consumer", "ml-eu")):
             newer = cluster.images["gpuferry"].rsplit(":", 1)[0] + ":upgraded"
             assert cluster.node is not None
             cluster.node.ctr("images", "tag", "--force", cluster.images["gpuferry"], newer)
             values = str(local_values(cluster, tmp_path))
+            setting = ["--set", "virtualKubelet.providerEvents=warnings"] if role == "consumer" else []
             proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", cid,
-                            "--replicas", "2", "-f", values, "--image", newer, "-o", "json")  # fmt: skip
+                            "--replicas", "2", "-f", values, "--image", newer, *setting,
+                            "-o", "json")  # fmt: skip
             assert proc.returncode == 0, proc.stderr
             assert json.loads(proc.stdout)["revision"] == "2"
             pods = json.loads(cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json", "-l",
@@ -387,6 +392,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
             await asyncio.sleep(0.5)
             upgraded = await kubelet_pod(consumer, timeout=5)
         assert upgraded["spec"]["containers"][0]["image"].endswith(":upgraded"), upgraded["spec"]
+        assert "--provider-events=warnings" in upgraded["spec"]["containers"][0]["args"], upgraded["spec"]
         await wait_for(consumer_client, NODES, name, ready, timeout=60)
         train = await consumer_client.get(PODS, "train", "chart-work")
         assert train["status"]["phase"] == "Running"
