@@ -386,6 +386,13 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return cpu, 0
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """CPU seconds in user space and in the kernel of a process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -408,6 +415,8 @@ _VK_COUNTERS = {
 }
 _VK_WORK = "gpuferry_queue_work_duration_seconds_count"
 """Keys a work queue's workers processed, by queue: the reconciles."""
+_VK_GC = "gpuferry_gc_seconds_total"
+"""CPU seconds in Python's garbage collector, by generation."""
 
 
 def parse_vk_metrics(text: str) -> Requests:
@@ -422,7 +431,23 @@ def parse_vk_metrics(text: str) -> Requests:
                 out[key] = out.get(key, 0.0) + sample.value
             elif sample.name == _VK_WORK:
                 out[("work", "", sample.labels["queue"], "")] = sample.value
+            elif sample.name == _VK_GC:
+                out[("gc", "", sample.labels["generation"], "")] = sample.value
     return out
+
+
+def cpu_shares(
+    before: Requests, after: Requests, user: tuple[float, float], system: tuple[float, float]
+) -> str:
+    """Where the virtual kubelet's CPU went between two readings: user space against the kernel
+    (``user`` and ``system``: seconds at each reading, from /proc), and Python's garbage
+    collector (from its /metrics). Pure."""
+    used = (user[1] - user[0]) + (system[1] - system[0])
+    if used <= 0:
+        return "no CPU used"
+    collected = sum(v - before.get(k, 0.0) for k, v in after.items() if k[0] == "gc")
+    return (f"{(user[1] - user[0]) / used * 100:.0f} % in user space, "
+            f"{collected / used * 100:.1f} % in the garbage collector")  # fmt: skip
 
 
 def reconciles_per_pod(before: Requests, after: Requests, pods: int, stage: str = "") -> str:
@@ -661,6 +686,7 @@ async def throughput(
         lines: list[str] = []
         offload_cpu = steady = 0.0
         gone: Requests = {}
+        split_gone = (0.0, 0.0)
         running_rss = 0
         for side, client in (("direct", p), ("offloaded", c)):
             ns = f"bench-{side}-{n}-{suffix}"
@@ -670,6 +696,7 @@ async def throughput(
             await asyncio.sleep(1.5)  # default ServiceAccount
             before = await requests_sent(port)
             cpu_before = proc_stats(vk.pid)[0]
+            split_before = cpu_split(vk.pid)
             try:
                 keys = [ObjectKey(ns, f"p-{i:05d}") for i in range(n)]
                 results[side] = await create_and_time(
@@ -696,6 +723,7 @@ async def throughput(
                     await wait_no_pods(p, owner_selector(cons_id), timeout=gone_timeout(n))
                     await asyncio.sleep(1)  # the last token Secrets' deletions
                     gone = await requests_sent(port) if vk.poll() is None else {}
+                    split_gone = cpu_split(vk.pid) if gone else split_before
             if not alive:
                 raise TimedOut(f"the virtual kubelet exited ({vk.returncode}) during the {side} run")
             if side == "offloaded":
@@ -713,6 +741,10 @@ async def throughput(
                 to_running = (cpu_running - cpu_before) / n * 1000
                 lines.insert(0, f"  vk: {offload_cpu / n * 1000:.1f} ms CPU per pod offloaded (create to "
                                 f"gone; {to_running:.1f} ms to Running)")  # fmt: skip
+                if gone:
+                    shares = cpu_shares(before, gone, (split_before[0], split_gone[0]),
+                                        (split_before[1], split_gone[1]))  # fmt: skip
+                    lines.insert(1, f"  vk: of its CPU from create to gone, {shares}")
                 if idle > 0:
                     lines.insert(1, f"  vk steady state with {n} pods Running: {steady * 100:.2f} % of a "
                                     f"core over {idle:.0f} s (one resync in it), RSS "

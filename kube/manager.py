@@ -39,6 +39,7 @@ from typing import Any
 from .clients import KubeClient
 from .informers import Informer
 from .leaderelection import LeaderElector, LostLeadership
+from .metrics import track_gc_time
 from .probes import Probes, serve_probes
 from .queueing import KeyedQueue
 from .reconciling import Reconciler, run_workers
@@ -185,6 +186,7 @@ class Manager:
 
     def _start_common(self, roots: dict[str, asyncio.Task[Any]]) -> None:
         if self.probes_settings.port >= 0:
+            track_gc_time()  # served on /metrics with the rest
             serving = serve_probes(
                 self.probes,
                 host=self.probes_settings.bind_address,

@@ -8,14 +8,18 @@ asking for it with a different type or labels is a programming error and raises 
 
 from __future__ import annotations
 
+import gc
 import threading
-from collections.abc import Sequence
-from typing import TypeVar
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
-__all__ = ["PREFIX", "REGISTRY", "counter", "gauge", "histogram", "render"]
+__all__ = ["PREFIX", "REGISTRY", "counter", "gauge", "histogram", "render", "track_gc_time"]
 
 PREFIX = "gpuferry_"
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -73,3 +77,55 @@ def histogram(
 def render() -> bytes:
     """The text exposition of :data:`REGISTRY`, for a ``/metrics`` handler."""
     return generate_latest(REGISTRY)
+
+
+class _GcTime(Collector):
+    """The CPU time of Python's garbage collections, by generation: what holding many objects
+    costs a process (issue 15: 3.4 % of the virtual kubelet's CPU in a burst of 10,000 pods).
+
+    The gc callback only adds to plain floats (no lock: a collection may start inside code that
+    holds one); the counters are read from them at each scrape."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+            return
+        generation = int(info.get("generation", 2))
+        self.seconds[generation] += time.process_time() - self._started
+        self.collections[generation] += 1
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        seconds = CounterMetricFamily(
+            PREFIX + "gc_seconds",
+            "CPU seconds of the process spent in Python's garbage collector, by generation.",
+            labels=["generation"],
+        )
+        collections = CounterMetricFamily(
+            PREFIX + "gc_collections", "Collections of Python's garbage collector, by generation.",
+            labels=["generation"],
+        )  # fmt: skip
+        for generation in range(3):
+            seconds.add_metric([str(generation)], self.seconds[generation])
+            collections.add_metric([str(generation)], self.collections[generation])
+        yield seconds
+        yield collections
+
+
+_gc_time: _GcTime | None = None
+
+
+def track_gc_time() -> None:
+    """Count the garbage collector's CPU time in :data:`REGISTRY` (``gpuferry_gc_seconds_total``
+    and ``gpuferry_gc_collections_total``, by generation), from now on. Idempotent."""
+    global _gc_time
+    with _lock:
+        if _gc_time is not None:
+            return
+        _gc_time = _GcTime()
+        REGISTRY.register(_gc_time)
+        gc.callbacks.append(_gc_time.callback)

@@ -149,6 +149,9 @@ async def test_status_back_has_a_queue_of_its_own_in_the_metrics(
         assert ("gpuferry_queue_depth", frozenset({("queue", queue)})) in metrics
     running = ("gpuferry_vk_pods", frozenset({("side", "consumer"), ("phase", "Running")}))
     assert metrics[running] == 1
+    # what its garbage collector cost it so far (the youngest generation is collected often)
+    assert metrics[("gpuferry_gc_collections_total", frozenset({("generation", "0")}))] > 0
+    assert metrics[("gpuferry_gc_seconds_total", frozenset({("generation", "0")}))] > 0
 
 
 async def test_sigterm_stops_it_gracefully(process: Process, consumer_client: KubeClient) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.offload import (
     Lapses,
+    cpu_shares,
     parse_vk_metrics,
     per_pod,
     reconciles_per_pod,
@@ -31,6 +32,13 @@ gpuferry_queue_work_duration_seconds_count{queue="sync_pods_to_remote"} 320.0
 gpuferry_queue_work_duration_seconds_sum{queue="sync_pods_to_remote"} 12.5
 gpuferry_queue_work_duration_seconds_count{queue="sync_status_from_remote"} 800.0
 gpuferry_queue_work_duration_seconds_count{queue="sync_services_to_remote"} 0.0
+# HELP gpuferry_gc_seconds_total CPU seconds of the process spent in Python's garbage collector.
+# TYPE gpuferry_gc_seconds_total counter
+gpuferry_gc_seconds_total{generation="0"} 0.5
+gpuferry_gc_seconds_total{generation="2"} 1.5
+# HELP gpuferry_gc_collections_total Collections of Python's garbage collector, by generation.
+# TYPE gpuferry_gc_collections_total counter
+gpuferry_gc_collections_total{generation="0"} 900.0
 # HELP gpuferry_other_total Not ours to count.
 # TYPE gpuferry_other_total counter
 gpuferry_other_total{server="127.0.0.1:1"} 5.0
@@ -43,7 +51,8 @@ def test_both_counters_are_read_by_server_and_nothing_else() -> None:
     assert counts[("events", "127.0.0.1:2", "pods", "MODIFIED")] == 300
     assert counts[("events", "127.0.0.1:1", "pods", "ADDED")] == 100
     assert counts[("work", "", "sync_pods_to_remote", "")] == 320
-    assert len(counts) == 10
+    assert counts[("gc", "", "2", "")] == 1.5
+    assert len(counts) == 12
 
 
 def test_per_pod_lines_requests_then_events_per_cluster_watches_and_crumbs_left_out() -> None:
@@ -134,3 +143,14 @@ def test_a_node_seen_other_than_ready_during_a_burst_has_lapsed() -> None:
         lapses.observe(one)
     assert lapses.lapsed == {"b", "c"}, "a node Ready again later still lapsed during the burst"
     assert lapses.summary() == "2 of 3"
+
+
+def test_cpu_shares_user_space_and_the_garbage_collector_over_the_window() -> None:
+    before = parse_vk_metrics(TEXT.replace("} 1.5", "} 0.5").replace("} 0.5\n", "} 0.0\n", 1))
+    after = parse_vk_metrics(TEXT)
+    assert before[("gc", "", "0", "")] == 0.0 and before[("gc", "", "2", "")] == 0.5
+    # 1.5 s collected (0.5 + 1.0) of 20 s used, 18 of them in user space
+    assert cpu_shares(before, after, (2.0, 20.0), (1.0, 3.0)) == (
+        "90 % in user space, 7.5 % in the garbage collector"
+    )
+    assert cpu_shares(after, after, (5.0, 5.0), (1.0, 1.0)) == "no CPU used"

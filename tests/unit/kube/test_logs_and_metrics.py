@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 from collections.abc import Iterator
@@ -93,3 +94,24 @@ def test_queue_metrics_are_registered() -> None:
         "gpuferry_queue_work_duration_seconds",
     ):
         assert f"# TYPE {family.removesuffix('_total')}" in text
+
+
+def test_garbage_collections_are_counted_with_their_cpu_time() -> None:
+    metrics.track_gc_time()
+    metrics.track_gc_time()  # once only: a second collector would clash in the registry
+
+    def sample(name: str) -> float:
+        value = metrics.REGISTRY.get_sample_value(name, {"generation": "2"})
+        assert value is not None, name
+        return value
+
+    held = [[i] for i in range(200_000)]  # something for the collection to go through
+    gc.disable()  # no collection of its own in between: the one asked for is counted
+    try:
+        collections, seconds = sample("gpuferry_gc_collections_total"), sample("gpuferry_gc_seconds_total")
+        gc.collect()
+        assert sample("gpuferry_gc_collections_total") == collections + 1
+        assert sample("gpuferry_gc_seconds_total") > seconds
+    finally:
+        gc.enable()
+    assert len(held) == 200_000
