@@ -375,22 +375,20 @@ async def wait_no_pods(client: KubeClient, label_selector: str, timeout: float =
                        f"{some(sorted(f'{k.namespace}/{k.name}' for k in present))}") from None  # fmt: skip
 
 
-def proc_stats(pid: int) -> tuple[float, int]:
-    """CPU seconds (user+system) and peak RSS in bytes of a process."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    cpu = (int(fields[11]) + int(fields[12])) / ticks
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return cpu, int(line.split()[1]) * 1024
-    return cpu, 0
-
-
 def cpu_split(pid: int) -> tuple[float, float]:
     """CPU seconds in user space and in the kernel of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def proc_stats(pid: int) -> tuple[float, int]:
+    """CPU seconds (user+system) and peak RSS in bytes of a process."""
+    cpu = sum(cpu_split(pid))
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return cpu, int(line.split()[1]) * 1024
+    return cpu, 0
 
 
 def pct(values: list[float], q: float) -> float:

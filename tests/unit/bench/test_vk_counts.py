@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 from bench.offload import (
     Lapses,
     cpu_shares,
+    cpu_split,
     parse_vk_metrics,
     per_pod,
+    proc_stats,
     reconciles_per_pod,
     rest_shares,
     schedulable_count,
@@ -154,3 +159,14 @@ def test_cpu_shares_user_space_and_the_garbage_collector_over_the_window() -> No
         "90 % in user space, 7.5 % in the garbage collector"
     )
     assert cpu_shares(after, after, (5.0, 5.0), (1.0, 1.0)) == "no CPU used"
+
+
+def test_this_processs_own_cpu_split_and_peak_rss_from_proc() -> None:
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:  # some user-space CPU to read (its children have none)
+        pass
+    user, system = cpu_split(os.getpid())
+    cpu, rss = proc_stats(os.getpid())
+    assert user >= 0.05 and system >= 0
+    assert cpu >= user + system
+    assert rss > 10 * 2**20
