@@ -742,7 +742,8 @@ async def throughput(
                 if gone:
                     shares = cpu_shares(before, gone, (split_before[0], split_gone[0]),
                                         (split_before[1], split_gone[1]))  # fmt: skip
-                    lines.insert(1, f"  vk: of its CPU from create to gone, {shares}")
+                    window = f" (the {idle:.0f} s idle window in it)" if idle > 0 else ""
+                    lines.insert(1, f"  vk: of its CPU from create to gone{window}, {shares}")
                 if idle > 0:
                     lines.insert(1, f"  vk steady state with {n} pods Running: {steady * 100:.2f} % of a "
                                     f"core over {idle:.0f} s (one resync in it), RSS "

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from kube.objects import CSRS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRT
 from vk.forge.labels import ORIGIN_NAMESPACE
 
 from .clirunner import Cli
+from .ports import free_port
 from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration
@@ -744,9 +744,7 @@ def node_routes(cluster: LocalCluster) -> str:
 
 def port_forwarded(cluster: LocalCluster, namespace: str, pod: str) -> str:
     """GET / through ``kubectl port-forward`` to the pod's port 8080 (a free local port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     forward = subprocess.Popen(
         [str(cluster.bin.kubectl), "--kubeconfig", str(cluster.spec.kubeconfig), "-n", namespace,
          "port-forward", f"pod/{pod}", f"{port}:8080"],
