@@ -586,6 +586,60 @@ def test_view_eligible_nodes_kept_as_nodes_change_match_a_fresh_view() -> None:
     assert any(answers(view)), "the changes left some node eligible"
 
 
+def scanned_largest(view: ProviderView) -> dict[str, Decimal]:
+    """The largest free block per resource, by a scan of every node the grant picks."""
+    largest: dict[str, Decimal] = {}
+    for free in view.per_node_free().values():
+        for name, amount in free.items():
+            largest[name] = max(largest.get(name, Decimal(0)), amount)
+    return largest
+
+
+def test_view_largest_block_kept_as_pods_and_nodes_change_matches_a_scan() -> None:
+    """The largest free block is kept between answers and moved by each pod's change: after
+    each of many pods coming, going and growing, and nodes changing, it is what a scan of every
+    node finds (the incremental answer may drop itself, never go wrong)."""
+    rng = random.Random(1515)
+    view, _ = make_view(SELECTOR)
+    nodes = [node(f"h100-{i}", labels=H100) for i in range(6)] + [node("l4-0", gpus=2, labels=L4)]
+    feed(view, nodes, [])
+    assert view.largest() == scanned_largest(view)
+    placed: dict[str, dict[str, Any]] = {}
+    for step in range(1500):
+        roll = rng.random()
+        if roll < 0.45 or not placed:  # a pod comes (or changes its size on the same name)
+            name = f"p{rng.randrange(60)}"
+            pod = gpu_pod(name, rng.choice([n["metadata"]["name"] for n in nodes]), gpus=rng.randrange(1, 5),
+                          cpu=str(rng.randrange(1, 9)), memory=f"{rng.randrange(1, 64)}Gi")  # fmt: skip
+            view.handle_pod(WatchEvent("MODIFIED" if name in placed else "ADDED", pod))
+            placed[name] = pod
+        elif roll < 0.85:  # a pod goes, or finishes
+            name = rng.choice(sorted(placed))
+            gone = placed.pop(name)
+            if rng.random() < 0.5:
+                view.handle_pod(WatchEvent("DELETED", gone))
+            else:
+                finished = gpu_pod(name, gone["spec"]["nodeName"], phase="Succeeded")
+                view.handle_pod(WatchEvent("MODIFIED", finished))
+        else:  # a node changes: readiness, size or a cordon
+            i = rng.randrange(6)
+            changed = node(f"h100-{i}", labels=H100, gpus=rng.choice([4, 8]), ready=rng.random() < 0.8,
+                           unschedulable=rng.random() < 0.1)  # fmt: skip
+            nodes[i] = changed
+            view.handle_node(WatchEvent("MODIFIED", changed))
+        if rng.random() < 0.3:
+            assert view.largest() == scanned_largest(view), f"step {step}"
+    assert view.largest() == scanned_largest(view)
+    assert view.largest()["nvidia.com/gpu"] > 0
+
+
+def test_view_largest_block_is_a_copy() -> None:
+    view, _ = make_view(SELECTOR)
+    feed(view, fleet(), [])
+    view.largest()["nvidia.com/gpu"] = Decimal(99)
+    assert view.largest()["nvidia.com/gpu"] == 8
+
+
 def test_view_fit_is_fit_not_sum() -> None:
     view, _ = make_view(SELECTOR)
     feed(view, [node(f"h100-{i}", labels=H100) for i in range(4)],
