@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
@@ -81,7 +81,9 @@ def render() -> bytes:
 
 class _GcTime(Collector):
     """The CPU time of Python's garbage collections, by generation: what holding many objects
-    costs a process (issue 15: 3.4 to 4.1 % of the virtual kubelet's CPU in bursts of 10,000 pods).
+    costs a process (issue 15: 4.1 % of the virtual kubelet's CPU in a burst of 10,000 pods with
+    Python's thresholds), with the thresholds in force and the objects frozen out of collections
+    (:func:`kube.memory.tune_gc`).
 
     The gc callback only adds to plain floats (no lock: a collection may start inside code that
     holds one); the counters are read from them at each scrape."""
@@ -99,7 +101,7 @@ class _GcTime(Collector):
         self.seconds[generation] += time.process_time() - self._started
         self.collections[generation] += 1
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         seconds = CounterMetricFamily(
             PREFIX + "gc_seconds",
             "CPU seconds of the process spent in Python's garbage collector, by generation.",
@@ -114,6 +116,19 @@ class _GcTime(Collector):
             collections.add_metric([str(generation)], self.collections[generation])
         yield seconds
         yield collections
+        thresholds = GaugeMetricFamily(
+            PREFIX + "gc_threshold",
+            "The garbage collector's threshold per generation (gc.get_threshold()).",
+            labels=["generation"],
+        )
+        for generation, threshold in enumerate(gc.get_threshold()):
+            thresholds.add_metric([str(generation)], threshold)
+        yield thresholds
+        yield GaugeMetricFamily(
+            PREFIX + "gc_frozen_objects",
+            "Objects left out of every collection (gc.freeze()).",
+            value=gc.get_freeze_count(),
+        )
 
 
 _gc_time: _GcTime | None = None

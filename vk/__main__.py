@@ -19,7 +19,7 @@ from kube.entrypoints import add_runtime_arguments, probe_settings
 from kube.errors import KubeError
 from kube.kubeconfigs import ConfigError
 from kube.logs import setup_logging
-from kube.memory import tune_memory
+from kube.memory import tune_gc, tune_memory
 from kube.settings import ClientSettings, LoggingSettings, QueueSettings, WatchSettings
 
 from .app import VirtualNodeChanged, VirtualNodeGone, run, run_virtual_node
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(LoggingSettings.from_env())
     tune_memory()
+    tune_gc()
     log = logging.getLogger("vk")
     try:
         if settings.virtual_node:

@@ -115,3 +115,20 @@ def test_garbage_collections_are_counted_with_their_cpu_time() -> None:
     finally:
         gc.enable()
     assert len(held) == 200_000
+
+
+def test_the_collectors_thresholds_and_frozen_objects_are_served() -> None:
+    metrics.track_gc_time()
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(1234, 11, 12)
+        gc.freeze()
+        served = {
+            g: metrics.REGISTRY.get_sample_value("gpuferry_gc_threshold", {"generation": g}) for g in "012"
+        }
+        assert served == {"0": 1234, "1": 11, "2": 12}
+        assert metrics.REGISTRY.get_sample_value("gpuferry_gc_frozen_objects") == gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+    assert metrics.REGISTRY.get_sample_value("gpuferry_gc_frozen_objects") == 0
