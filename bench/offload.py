@@ -45,7 +45,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -68,6 +67,7 @@ from hack.localcluster.spec import PROFILE_PORT_BASES
 from kube.clients import KubeClient
 from kube.errors import KubeError, NotFound
 from kube.objects import NAMESPACES, NODES, PODS, SERVICES, ObjectKey, RawObject
+from kube.ports import free_port
 from kube.settings import ClientSettings
 from kube.watching import Listed, WatchEvent, present_after, watch_objects
 from vk.forge.events import PROVIDER_EVENTS
@@ -394,12 +394,6 @@ def proc_stats(pid: int) -> tuple[float, int]:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 Requests = dict[tuple[str, str, str, str], float]

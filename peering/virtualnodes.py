@@ -24,7 +24,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from kube.errors import KubeError, NotFound
 from kube.logs import object_logger
 from kube.metrics import counter, gauge
 from kube.objects import VIRTUALNODES, ObjectKey, RawObject
+from kube.ports import free_port
 from kube.watching import Listed, watch_objects
 
 __all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor", "kubelet_command"]
@@ -109,7 +109,7 @@ class _Child:
 
     def _command(self) -> list[str]:
         s = self.supervisor.settings
-        return kubelet_command(s, self.key, _free_port(s.node_address) if s.kubelet_api else None)
+        return kubelet_command(s, self.key, free_port(s.node_address) if s.kubelet_api else None)
 
     def _log_path(self) -> Path | None:
         log_dir = self.supervisor.settings.log_dir
@@ -190,12 +190,6 @@ def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the supervising process dies, however it dies
     (SIGKILL included). A standby that takes over then never finds a second kubelet for a node."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def _free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
 
 
 def _last_line(path: Path | None) -> str:

@@ -33,10 +33,10 @@ from hack.localcluster.network import api_advertise_address, declaration, local_
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
 from kube.objects import CSRS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
+from kube.ports import free_port
 from vk.forge.labels import ORIGIN_NAMESPACE
 
 from .clirunner import Cli
-from .ports import free_port
 from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration

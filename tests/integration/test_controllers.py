@@ -44,6 +44,7 @@ from kube.objects import (
     PODS,
     RawObject,
 )
+from kube.ports import free_port
 from peering.admission import BINDING_NAME, POLICY_NAME, TAINT_KEY, VALIDATION_NAME
 from peering.admissionprobe import PROBE_PREFIX, probe_pod
 from peering.clusterid import read_cluster_id
@@ -53,7 +54,6 @@ from peering.provider.settings import ProviderSettings
 from peering.resources import TENANTS
 
 from .clirunner import Cli
-from .ports import free_port
 from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration

@@ -38,6 +38,7 @@ from kube.objects import (
     RawObject,
     Resource,
 )
+from kube.ports import free_port
 from vk.app import run
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
@@ -45,7 +46,6 @@ from vk.kubelet.certificates import ServingCertificate, approve_csr
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
-from .ports import free_port
 from .stopping import stop
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
 from .waiting import condition, wait_for

@@ -39,6 +39,7 @@ from kube.objects import (
     VALIDATINGADMISSIONPOLICYBINDINGS,
     RawObject,
 )
+from kube.ports import free_port
 from kube.watching import Listed, watch_objects
 from vk.app import forge_options, run
 from vk.forge.fit import per_node_free
@@ -49,7 +50,6 @@ from vk.reflection.pods import GATE_RETRY_SECONDS, REASON_MOUNT
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
-from .ports import free_port
 from .stopping import stop
 from .waiting import condition, wait_for, wait_for_deletion, wait_for_empty, wait_for_items
 

@@ -22,10 +22,10 @@ from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import LEASES, NAMESPACES, NODES, PODS, RawObject
+from kube.ports import free_port
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 
 from .conftest import NamespaceFactory
-from .ports import free_port
 from .waiting import condition, wait_for
 
 pytestmark = pytest.mark.integration
