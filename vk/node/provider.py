@@ -70,6 +70,16 @@ def _project_node(node: Mapping[str, Any]) -> RawObject:
     }
 
 
+def _eligible_key(
+    selector: Mapping[str, str], tolerations: Sequence[Mapping[str, Any]]
+) -> tuple[object, ...]:
+    """How the nodes for ``selector`` and ``tolerations`` are filed in ``ProviderView._eligible``."""
+    return (
+        tuple(sorted(selector.items())),
+        tuple(tuple(sorted((str(k), str(v)) for k, v in t.items())) for t in tolerations),
+    )
+
+
 @dataclass
 class _Eligible:
     """The nodes a pod with ``selector`` and ``tolerations`` may land on, sorted by name."""
@@ -121,6 +131,8 @@ class ProviderView:
         self._eligible: dict[tuple[object, ...], _Eligible] = {}
         """(selector, tolerations) → the sorted names of the nodes a pod with them may land on,
         kept as nodes change (each change looks at that node only)."""
+        self._grant_key = _eligible_key(self.selector, self.tolerations)
+        """The grant's own selector and tolerations as kept in ``_eligible`` (read per pod change)."""
         self._largest: ResourceList | None = None
         """What :meth:`largest` answered, kept as pods come and go; None: to be computed again."""
         self._at_largest: dict[str, int] = {}
@@ -143,10 +155,7 @@ class ProviderView:
     ) -> list[str]:
         """The sorted names of the Ready, uncordoned nodes ``selector`` picks and whose taints
         ``tolerations`` tolerate, kept as nodes change."""
-        key = (
-            tuple(sorted(selector.items())),
-            tuple(tuple(sorted((str(k), str(v)) for k, v in t.items())) for t in tolerations),
-        )
+        key = _eligible_key(selector, tolerations)
         eligible = self._eligible.get(key)
         if eligible is None:
             if len(self._eligible) >= _ELIGIBLE_CACHE:
@@ -215,7 +224,8 @@ class ProviderView:
         largest = self._largest
         if largest is None:
             return
-        names = self._eligible_names(self.selector, self.tolerations)
+        kept = self._eligible.get(self._grant_key)
+        names = kept.names if kept is not None else self._eligible_names(self.selector, self.tolerations)
         at = bisect.bisect_left(names, node)
         if at == len(names) or names[at] != node:
             return  # not one of the grant's nodes: no part of the answer
