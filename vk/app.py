@@ -95,7 +95,8 @@ async def run_virtual_node(
         async with provider_client(settings) as provider:
             manager, node = assemble_virtual_kubelet(settings, consumer, provider)
             follower = VirtualNodeFollower(consumer, namespace, name, digest, manager=manager,
-                                           on_grant=node.apply_grant, settings=settings.watch)  # fmt: skip
+                                           on_grant=node.apply_grant, on_gone=node.retire,
+                                           settings=settings.watch)  # fmt: skip
             stopped_by = await _run(manager, handle_signals=handle_signals)
         if follower.outcome == "changed":
             raise VirtualNodeChanged(f"VirtualNode {namespace}/{name} changed: restart to apply it")
@@ -134,9 +135,12 @@ class VirtualNodeFollower:
 
     def __init__(self, consumer: KubeClient, namespace: str, name: str, digest: str, *,
                  manager: Manager, on_grant: Callable[[dict[str, str], dict[str, str]], None] | None = None,
+                 on_gone: Callable[[], None] | None = None,
                  settings: WatchSettings | None = None) -> None:  # fmt: skip
         self.digest = digest
         self.on_grant = on_grant
+        self.on_gone = on_gone
+        """Called once the VirtualNode is seen gone, before the manager is stopped."""
         self.manager = manager
         self.outcome: Literal["gone", "changed"] | None = None
         self.informer = Informer(consumer, VIRTUALNODES, name="virtualnode", namespace=namespace,
@@ -156,6 +160,8 @@ class VirtualNodeFollower:
             self.outcome = "changed"
         elif self.on_grant is not None:
             self.on_grant(*grant_of(item.object.get("spec") or {}))
+        if self.outcome == "gone" and self.on_gone is not None:
+            self.on_gone()
         if self.outcome is not None:
             self.manager.stop()
 

@@ -181,6 +181,32 @@ async def test_node_registers_ready_with_grant_labels_block_and_lease(
     await wait_for_deletion(consumer_client, LEASES, name, LEASE_NAMESPACE, timeout=30)
 
 
+async def test_a_retired_node_is_written_no_more(
+    consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient
+) -> None:
+    """Once its VirtualNode is gone the kubelet is retired: the peering's controller deletes the
+    Node while the process still drains, and neither the status sync nor the Lease brings it
+    back (before: a sync in that window registered it again, and it outlived `gpuferry unpeer`)."""
+    settings = make_settings(consumer, provider.spec.kubeconfig)
+    name = settings.effective_node_name
+    async with running(settings) as controller:
+        await wait_for(consumer_client, NODES, name, lambda _: True, timeout=60)
+        # not retired, a Node deleted behind its back is registered again at the next sync
+        await consumer_client.delete(NODES, name)
+        controller.apply_grant({**GRANT, "nvidia.com/gpu": "7"}, {})  # a change: sync now
+        await wait_for(consumer_client, NODES, name, lambda _: True, timeout=30)
+        await wait_for(consumer_client, LEASES, name, lambda _: True, namespace=LEASE_NAMESPACE, timeout=30)
+        controller.retire()
+        await consumer_client.delete(NODES, name)
+        await consumer_client.delete(LEASES, name, LEASE_NAMESPACE)
+        controller.apply_grant(GRANT, {})  # a change: a sync would come at once
+        await asyncio.sleep(3 * settings.heartbeat_seconds + 1.0)  # the Lease renewed every 1 s before
+        for resource, namespace in ((NODES, None), (LEASES, LEASE_NAMESPACE)):
+            with pytest.raises(NotFound):
+                await consumer_client.get(resource, name, namespace)
+        assert await controller.sync() is None
+
+
 async def test_no_product_label_when_products_differ(
     consumer: LocalCluster, provider: LocalCluster, consumer_client: KubeClient
 ) -> None:

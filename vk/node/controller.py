@@ -158,6 +158,8 @@ class NodeController:
         self._last_heartbeat = 0.0
         self._version = KUBELET_VERSION
         self._boot_id = str(uuid.uuid4())
+        self.retired = False
+        """The VirtualNode is gone (:meth:`retire`): the Node and its Lease are written no more."""
         self._labels: tuple[int, dict[str, str]] | None = None
         """The provider GPU labels and the view's ``nodes_version`` they were read at: a burst
         of pods marks the Node dirty every second, and walking every provider node for labels
@@ -213,6 +215,18 @@ class NodeController:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
         reflector re-examines gated pods then, instead of waiting for a timer)."""
         self._capacity_listeners.append(listener)
+
+    def retire(self) -> None:
+        """The node's VirtualNode is gone: write its Node and Lease no more, from now on.
+
+        The peering's controller deletes the Node once the VirtualNode is gone, while this
+        process still drains its queues on its way out: a status sync in that window found the
+        Node missing and registered it again, which outlived the peering when the process was
+        stopped before it removed the Node itself (CI, 2026-11-27: a leftover Node after
+        ``gpuferry unpeer``)."""
+        if not self.retired:
+            self.log.info("retired: the Node and its Lease are written no more")
+        self.retired = True
 
     def apply_grant(self, resources: Mapping[str, str], labels: Mapping[str, str]) -> None:
         """A new grant (its VirtualNode's ``resources`` and ``labels``): the Node advertises it at
@@ -334,12 +348,17 @@ class NodeController:
             node["status"]["declaredFeatures"] = list(DECLARED_FEATURES)
         return node
 
-    async def sync(self, *, heartbeat: bool = False) -> RawObject:
-        """Read the Node and bring it to :meth:`desired`; creates it when missing."""
+    async def sync(self, *, heartbeat: bool = False) -> RawObject | None:
+        """Read the Node and bring it to :meth:`desired`; creates it when missing. Retired, it
+        writes nothing (``None``)."""
+        if self.retired:
+            return None
         try:
             current: RawObject | None = await self.consumer.get(NODES, self.node_name)
         except NotFound:
             current = None
+        if self.retired:  # retired while reading: a missing Node stays missing
+            return None
         desired = self.desired(current)
         if current is None:
             current = await self.consumer.create(NODES, desired)  # with its status
@@ -414,6 +433,8 @@ class NodeController:
         while True:
             node = self.node or {}
             uid = str((node.get("metadata") or {}).get("uid") or "")
+            if self.retired:
+                return
             try:
                 await renew_lease(self.consumer, self.node_name, uid)
                 backoff.reset()

@@ -29,15 +29,18 @@ VN: dict[str, Any] = {
 
 
 GRANTS: list[tuple[dict[str, str], dict[str, str]]] = []
+GONE: list[bool] = []
 
 
 def _follower() -> tuple[VirtualNodeFollower, Manager]:
     GRANTS.clear()
+    GONE.clear()
     manager = Manager(name="virtual-kubelet")
     nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))  # never called here
     digest = kubelet_spec_digest(VN["spec"])
     follower = VirtualNodeFollower(nowhere, "gpuferry-system", "gpu-farm", digest, manager=manager,
-                                   on_grant=lambda r, lb: GRANTS.append((r, lb)))  # fmt: skip
+                                   on_grant=lambda r, lb: GRANTS.append((r, lb)),
+                                   on_gone=lambda: GONE.append(manager.stopping))  # fmt: skip
     return follower, manager
 
 
@@ -67,10 +70,13 @@ def test_what_it_read_at_start_restarts_it() -> None:
         follower, manager = _follower()
         follower._seen(WatchEvent("MODIFIED", _changed(**change)))
         assert follower.outcome == "changed" and manager.stopping, change
-        assert GRANTS == []
+        assert GRANTS == [] and GONE == []
 
 
 def test_deleted_is_gone() -> None:
     follower, manager = _follower()
     follower._seen(WatchEvent("DELETED", VN))
     assert follower.outcome == "gone" and manager.stopping
+    assert GONE == [False], "told once, before the manager stops (the Node is retired first)"
+    follower._seen(WatchEvent("DELETED", VN))
+    assert GONE == [False]
