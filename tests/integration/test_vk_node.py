@@ -205,6 +205,9 @@ async def test_a_retired_node_is_written_no_more(
             with pytest.raises(NotFound):
                 await consumer_client.get(resource, name, namespace)
         assert await controller.sync() is None
+        # retired is not stopped: its loops run on (a loop that ended would stop its manager)
+        (task,) = [t for t in asyncio.all_tasks() if t.get_name() == f"node {name}"]
+        assert not task.done()
 
 
 async def test_no_product_label_when_products_differ(

@@ -433,8 +433,9 @@ class NodeController:
         while True:
             node = self.node or {}
             uid = str((node.get("metadata") or {}).get("uid") or "")
-            if self.retired:
-                return
+            if self.retired:  # renews no more, and runs on: a root task that ends stops its manager
+                await asyncio.sleep(self.settings.heartbeat_seconds)
+                continue
             try:
                 await renew_lease(self.consumer, self.node_name, uid)
                 backoff.reset()
