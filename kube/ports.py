@@ -5,6 +5,7 @@ kubelet API's bind on 127.0.0.1:45507 failed with "address already in use")."""
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from pathlib import Path
@@ -22,13 +23,16 @@ def _ephemeral_start() -> int:
 def free_port(address: str = "127.0.0.1", *, low: int = 20000) -> int:
     """A port of ``address`` in [low, the ephemeral range) that nothing is bound to now.
 
-    Raises ``OSError`` when 200 tries found none (or the address is not this machine's)."""
+    Raises ``OSError`` when 200 tries found none, and at once when ``address`` is not one of
+    this machine's (no port of it will ever be free)."""
     high = _ephemeral_start()
     for port in random.sample(range(low, high), min(200, max(0, high - low))):
         with socket.socket() as sock:
             try:
                 sock.bind((address, port))
-            except OSError:
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    raise OSError(exc.errno, f"{address} is not an address of this machine") from exc
                 continue
             return port
     raise OSError(f"no free port on {address} in {low}-{high - 1}")

@@ -11,6 +11,10 @@ reads everything else from the object and its kubeconfig Secret; this package ne
   kubelet's own message, and no restart until the object changes;
 * anything else — a crash: restart with exponential backoff (1 s … 60 s), ``phase: Pending``.
 
+A process that cannot be started at all (no port on ``node_address`` to give its kubelet API, a
+log directory it may not write, no interpreter) is retried with the same backoff: ``phase:
+Pending``, reason ``KubeletStartFailed``, and the error in the message.
+
 ``status.phase`` says where it stands and ``status.conditions[KubeletRunning]`` why. When the
 controller stops, its children are stopped (SIGTERM, then SIGKILL): their nodes stay and their
 Leases expire, exactly as for a real kubelet that went away.
@@ -24,6 +28,7 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -93,6 +98,10 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class _StartFailed(Exception):
+    """The virtual kubelet's process could not be started; the message says why."""
+
+
 class _Child:
     """The process loop of one VirtualNode."""
 
@@ -118,7 +127,16 @@ class _Child:
     async def _loop(self) -> None:
         restarts, why = Backoff(base=1.0, cap=self.supervisor.settings.max_backoff), "new"
         while True:
-            code, tail = await self._run_once(why)
+            try:
+                code, tail = await self._run_once(why)
+            except _StartFailed as exc:
+                delay = restarts.next()
+                self.log.error("virtual kubelet not started; retrying in %.0fs: %s", delay, exc)
+                await self.supervisor.set_status(
+                    self.key, "Pending", "False", "KubeletStartFailed", f"{exc}; retrying in {delay:.0f}s"
+                )
+                await asyncio.sleep(delay)
+                continue
             if code == EXIT_GONE:
                 self.log.info("virtual kubelet ended: its VirtualNode is gone")
                 return
@@ -145,14 +163,17 @@ class _Child:
     async def _run_once(self, why: str) -> tuple[int, str]:
         path = self._log_path()
         out: Any = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            out = path.open("ab")
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self._command(), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
-                env={**os.environ}, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+            try:
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    out = path.open("ab")
+                self.proc = await asyncio.create_subprocess_exec(
+                    *self._command(), stdout=out, stderr=asyncio.subprocess.STDOUT if out else None,
+                    env={**os.environ}, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+            except (OSError, subprocess.SubprocessError) as exc:
+                raise _StartFailed(f"cannot start the virtual kubelet: {exc}") from exc
             _STARTS.labels(why).inc()
             _RUNNING.inc()
             self.log.info("virtual kubelet started (pid %s, %s)", self.proc.pid, why)

@@ -43,11 +43,11 @@ def virtual_node(provider_id: str, secret: str, gpus: int = 8) -> RawObject:
 
 @contextlib.asynccontextmanager
 async def supervising(
-    consumer: LocalCluster, namespace: str, log_dir: Path
+    consumer: LocalCluster, namespace: str, log_dir: Path, **overrides: Any
 ) -> AsyncIterator[VirtualNodeSupervisor]:
     async with KubeClient.from_kubeconfig(consumer.spec.kubeconfig) as client:
         settings = SupervisorSettings(
-            consumer_kubeconfig=consumer.spec.kubeconfig, namespace=namespace, log_dir=log_dir
+            consumer_kubeconfig=consumer.spec.kubeconfig, namespace=namespace, log_dir=log_dir, **overrides
         )
         supervisor = VirtualNodeSupervisor(client, settings)
         task = asyncio.create_task(supervisor.run(), name="virtual node supervisor")
@@ -190,3 +190,67 @@ async def test_a_virtual_node_that_cannot_run_is_failed_until_it_is_fixed(
     finally:
         with contextlib.suppress(NotFound):
             await consumer_client.delete(NODES, node)
+
+
+def message_has(text: str) -> Any:
+    def check(vn: RawObject) -> bool:
+        pending = phase_is("Pending", "KubeletStartFailed")(vn)
+        return pending and text in condition(vn, "KubeletRunning")["message"]
+
+    return check
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        # a wrong --node-address: no port of it can be given to any virtual kubelet's API
+        ({"node_address": "192.0.2.1"}, "[Errno 99] 192.0.2.1 is not an address of this machine"),
+        ({"python": "/nonexistent/python3"}, "[Errno 2] No such file or directory: '/nonexistent/python3'"),
+    ],
+    ids=["address-not-here", "no-interpreter"],
+)
+async def test_a_kubelet_that_cannot_be_started_is_pending_and_retried_with_the_reason(
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+    overrides: dict[str, str],
+    why: str,
+) -> None:
+    """The VirtualNode says why its kubelet cannot start, and the supervisor keeps trying, backing
+    off, until the object goes."""
+    await ensure_crds(consumer_client)
+    ns = await make_namespace(consumer_client)
+    provider_id = f"sup-{uuid.uuid4().hex[:6]}"
+    async with supervising(consumer, ns, tmp_path, **overrides) as supervisor:
+        await consumer_client.create(VIRTUALNODES, virtual_node(provider_id, "unused"), ns)
+        first = await wait_for(
+            consumer_client,
+            VIRTUALNODES,
+            provider_id,
+            message_has("retrying in 1s"),
+            namespace=ns,
+            timeout=30,
+        )
+        assert condition(first, "KubeletRunning")["message"] == (
+            f"cannot start the virtual kubelet: {why}; retrying in 1s"
+        )
+        # still trying, a while later
+        await wait_for(
+            consumer_client,
+            VIRTUALNODES,
+            provider_id,
+            message_has("retrying in 2s"),
+            namespace=ns,
+            timeout=30,
+        )
+        (child,) = supervisor.children.values()
+        assert not child.task.done()
+        assert child.proc is None
+
+        # the object goes: so does its loop
+        await consumer_client.delete(VIRTUALNODES, provider_id, ns)
+        await wait_for_deletion(consumer_client, VIRTUALNODES, provider_id, namespace=ns)
+        await asyncio.wait({child.task}, timeout=10)
+        assert child.task.done()
+        assert supervisor.children == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from collections.abc import Iterator
@@ -48,3 +49,9 @@ def test_no_free_port_is_an_error_that_names_the_range(
     monkeypatch.setattr(random, "sample", lambda population, k: list(bound))
     with pytest.raises(OSError, match=rf"no free port on 127.0.0.1 in 20000-{ephemeral_start() - 1}"):
         free_port()
+
+
+def test_an_address_not_of_this_machine_is_an_error_that_says_so() -> None:
+    with pytest.raises(OSError, match=r"192\.0\.2\.1 is not an address of this machine") as raised:
+        free_port("192.0.2.1")  # TEST-NET-1: never configured here
+    assert raised.value.errno == errno.EADDRNOTAVAIL
