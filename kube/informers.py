@@ -15,14 +15,15 @@ stored object when it is the same object (same uid): a successor with the same k
 Handlers are plain callables that must not block (they add keys to work queues).
 
 A ``compact`` informer keeps each projection as its JSON bytes (orjson) instead of a dict, and
-deflates them against a dictionary: the JSON of the first object it stored. Objects of one
+deflates them against a dictionary: the JSON of the first object it packed. Objects of one
 informer are alike (pods of the same Jobs, on the same nodes), so a pod of ~2.5 to 5.5 KB of JSON
 keeps 0.2 to 0.8 KB, against ~12 KB as a dict, which is what lets one virtual kubelet hold ten
 thousand pods on each side (issue 15: 169 MiB at 10,000 with plain JSON; a deflate costs ~11 µs
-and an inflate ~1 to 5 µs, beside ~1 to 4 µs for the JSON). ``get`` decodes and keeps the last
-``decoded`` objects read or changed as dicts, so a reconciler that reads the same object several
-times, just after its event, decodes it at most once. Readers never mutate what they get, compact
-or not: the store shares its objects.
+and an inflate ~1 to 5 µs, beside ~1 to 4 µs for the JSON). The last ``decoded`` objects read or
+changed are kept as dicts, and an object is packed when it leaves them: a reconciler that reads
+the same object several times just after its event decodes it at most once, and an object changed
+several times in a row (a pod through its start: bound, twin made, Running) is packed once, not
+at each change. Readers never mutate what they get, compact or not: the store shares its objects.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class Informer:
         self._store: dict[ObjectKey, RawObject | bytes] = {}
         self._packer = _Packer()
         self._decoded: OrderedDict[ObjectKey, RawObject] = OrderedDict()
-        """Compact only: the last ``decoded`` objects read or changed, as dicts (LRU)."""
+        """Compact only: the last ``decoded`` objects read or changed (LRU); these, and only these,
+        are dicts in ``_store``, the others their packed bytes."""
         self._decoded_max = max(1, decoded)
         self._filed: dict[ObjectKey, ObjectKey] = {}  # an object's own key -> the key it is filed under
         self._uids: dict[ObjectKey, tuple[str | None, str | None]] = {}
@@ -182,33 +184,32 @@ class Informer:
     def get(self, key: ObjectKey) -> RawObject | None:
         stored = self._store.get(key)
         if not isinstance(stored, bytes):
+            if self.compact and stored is not None:
+                self._decoded.move_to_end(key)
             return stored
-        obj = self._decoded.get(key)
-        if obj is not None:
-            self._decoded.move_to_end(key)
-            return obj
         decoded = self._packer.unpack(stored)
+        self._store[key] = decoded
         self._remember(key, decoded)
         return decoded
 
     def _remember(self, key: ObjectKey, obj: RawObject) -> None:
+        """Compact only: ``obj`` is the last read or changed; the one read or changed longest
+        ago, beyond the ``decoded`` kept as dicts, is packed (an object changed again while it is
+        kept, as a pod is through its start, is packed once)."""
         self._decoded[key] = obj
         self._decoded.move_to_end(key)
         if len(self._decoded) > self._decoded_max:
-            self._decoded.popitem(last=False)
+            cold_key, cold = self._decoded.popitem(last=False)
+            self._store[cold_key] = self._packer.pack(cold)
 
     def _put(self, key: ObjectKey, obj: RawObject) -> None:
+        self._store[key] = obj
         if self.compact:
-            self._store[key] = self._packer.pack(obj)
             self._remember(key, obj)
-        else:
-            self._store[key] = obj
 
     def _drop(self, key: ObjectKey) -> RawObject | bytes | None:
         if self.compact:
-            decoded = self._decoded.pop(key, None)
-            stored = self._store.pop(key, None)
-            return decoded if decoded is not None else stored
+            self._decoded.pop(key, None)
         return self._store.pop(key, None)
 
     def keys(self) -> list[ObjectKey]:
