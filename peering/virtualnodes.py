@@ -9,7 +9,9 @@ reads everything else from the object and its kubeconfig Secret; this package ne
 * exit 0 — the VirtualNode was deleted and the kubelet removed its node: done;
 * exit 2 — the object cannot be run as it is (missing Secret…): ``phase: Failed`` with the
   kubelet's own message, and no restart until the object changes;
-* anything else — a crash: restart with exponential backoff (1 s … 60 s), ``phase: Pending``.
+* anything else — a crash: restart with exponential backoff (1 s … 60 s), ``phase: Pending``;
+  a kubelet that ran 10 minutes before it ended starts its backoff over (as Kubernetes forgets a
+  container's crash loop), so that a crash a week after the last one waits 1 s, not 60.
 
 A process that cannot be started at all (no port on ``node_address`` to give its kubelet API, a
 log directory it may not write, no interpreter) is retried with the same backoff: ``phase:
@@ -79,6 +81,8 @@ class SupervisorSettings:
     local processes, the pod's IP in a cluster (the API server dials it for logs and exec)."""
     stop_grace: float = 10.0
     max_backoff: float = 60.0
+    backoff_reset_after: float = 600.0
+    """A kubelet that ran this long (seconds) before it ended starts its backoff over."""
 
 
 def kubelet_command(s: SupervisorSettings, key: ObjectKey, kubelet_port: int | None) -> list[str]:
@@ -127,6 +131,7 @@ class _Child:
     async def _loop(self) -> None:
         restarts, why = Backoff(base=1.0, cap=self.supervisor.settings.max_backoff), "new"
         while True:
+            started = asyncio.get_running_loop().time()
             try:
                 code, tail = await self._run_once(why)
             except _StartFailed as exc:
@@ -148,6 +153,8 @@ class _Child:
                 self.log.error("virtual kubelet cannot run this VirtualNode: %s", tail)
                 await self.supervisor.set_status(self.key, "Failed", "False", "InvalidVirtualNode", tail)
                 return  # until the object changes (a new child is started then)
+            if asyncio.get_running_loop().time() - started >= self.supervisor.settings.backoff_reset_after:
+                restarts.reset()
             delay = restarts.next()
             self.log.warning("virtual kubelet exited %s; restarting in %.0fs: %s", code, delay, tail)
             await self.supervisor.set_status(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -254,3 +256,67 @@ async def test_a_kubelet_that_cannot_be_started_is_pending_and_retried_with_the_
         await asyncio.wait({child.task}, timeout=10)
         assert child.task.done()
         assert supervisor.children == {}
+
+
+def crashed(delay: int) -> Any:
+    def check(vn: RawObject) -> bool:
+        running = condition(vn, "KubeletRunning") or {}
+        return phase_is("Pending", "KubeletCrashed")(vn) and running.get("message", "").startswith(
+            f"exited -9, restarting in {delay}s"
+        )
+
+    return check
+
+
+async def test_a_crashed_kubelet_is_restarted_backing_off_and_forgiven_once_it_ran_long(
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+    tmp_path: Path,
+) -> None:
+    """A kubelet killed (as the OOM killer would) is restarted: 1 s, then 2 s if it crashes again
+    at once, and 1 s again when it ran ``backoff_reset_after`` before it crashed."""
+    await ensure_crds(consumer_client)
+    ns = await make_namespace(consumer_client)
+    kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "kc"},
+        "data": {"kubeconfig": kubeconfig},
+    }
+    await consumer_client.create(SECRETS, secret, ns)
+    provider_id = f"sup-{uuid.uuid4().hex[:6]}"
+    node = f"gpuferry-{provider_id}"
+    reset_after = 6.0
+    try:
+        async with supervising(consumer, ns, tmp_path, backoff_reset_after=reset_after) as supervisor:
+            await consumer_client.create(VIRTUALNODES, virtual_node(provider_id, "kc"), ns)
+            await wait_for(consumer_client, NODES, node, ready, timeout=60)
+            (child,) = supervisor.children.values()
+
+            async def kill_and_expect(delay: int) -> None:
+                assert child.proc is not None
+                pid = child.proc.pid
+                os.kill(pid, signal.SIGKILL)
+                await wait_for(
+                    consumer_client, VIRTUALNODES, provider_id, crashed(delay), namespace=ns, timeout=30
+                )
+                await wait_for(
+                    consumer_client,
+                    VIRTUALNODES,
+                    provider_id,
+                    lambda vn: phase_is("Running")(vn) and child.proc is not None and child.proc.pid != pid,
+                    namespace=ns,
+                    timeout=30,
+                )
+
+            await kill_and_expect(1)
+            await kill_and_expect(2)  # at once: backing off
+            await asyncio.sleep(reset_after + 0.5)
+            await kill_and_expect(1)  # it ran long enough: forgiven
+            await wait_for(consumer_client, NODES, node, ready, timeout=60)
+    finally:
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(NODES, node)
