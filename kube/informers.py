@@ -168,8 +168,9 @@ class Informer:
         self._store: dict[ObjectKey, RawObject | bytes] = {}
         self._packer = _Packer()
         self._decoded: OrderedDict[ObjectKey, RawObject] = OrderedDict()
-        """Compact only: the last ``decoded`` objects read or changed (LRU); these, and only these,
-        are dicts in ``_store``, the others their packed bytes."""
+        """Compact only: the last ``decoded`` objects read or changed (LRU). One changed since it was
+        last packed is a dict in ``_store`` too (and only while it is here); the others are bytes
+        there."""
         self._decoded_max = max(1, decoded)
         self._filed: dict[ObjectKey, ObjectKey] = {}  # an object's own key -> the key it is filed under
         self._uids: dict[ObjectKey, tuple[str | None, str | None]] = {}
@@ -187,20 +188,25 @@ class Informer:
             if self.compact and stored is not None:
                 self._decoded.move_to_end(key)
             return stored
+        obj = self._decoded.get(key)
+        if obj is not None:
+            self._decoded.move_to_end(key)
+            return obj
         decoded = self._packer.unpack(stored)
-        self._store[key] = decoded
         self._remember(key, decoded)
         return decoded
 
     def _remember(self, key: ObjectKey, obj: RawObject) -> None:
-        """Compact only: ``obj`` is the last read or changed; the one read or changed longest
-        ago, beyond the ``decoded`` kept as dicts, is packed (an object changed again while it is
-        kept, as a pod is through its start, is packed once)."""
+        """Compact only: ``obj`` is the last read or changed. The one read or changed longest ago,
+        beyond the ``decoded`` kept as dicts, is dropped as a dict, and packed if it changed since
+        it was last packed (an object changed again while it is kept, as a pod is through its
+        start, is packed once; one only read is not packed again)."""
         self._decoded[key] = obj
         self._decoded.move_to_end(key)
         if len(self._decoded) > self._decoded_max:
             cold_key, cold = self._decoded.popitem(last=False)
-            self._store[cold_key] = self._packer.pack(cold)
+            if not isinstance(self._store[cold_key], bytes):
+                self._store[cold_key] = self._packer.pack(cold)
 
     def _put(self, key: ObjectKey, obj: RawObject) -> None:
         self._store[key] = obj
@@ -209,7 +215,9 @@ class Informer:
 
     def _drop(self, key: ObjectKey) -> RawObject | bytes | None:
         if self.compact:
-            self._decoded.pop(key, None)
+            decoded = self._decoded.pop(key, None)
+            stored = self._store.pop(key, None)
+            return decoded if decoded is not None else stored
         return self._store.pop(key, None)
 
     def keys(self) -> list[ObjectKey]:

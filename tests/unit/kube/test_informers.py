@@ -192,6 +192,11 @@ def test_a_compact_store_packs_an_object_changed_in_a_row_once_when_it_goes_cold
     assert informer._packer._zdict == orjson.dumps(drop_noise(configmap("hot", 5)))
     assert informer.get(hot) == drop_noise(configmap("hot", 5))  # and read back as a dict again
     assert isinstance(informer._store[ObjectKey.of(configmap("other-1", 1))], bytes)
+    # one only read is not packed again when it goes cold: its bytes stay as they were
+    packed = informer._store[hot]
+    informer._apply(WatchEvent("ADDED", configmap("other-3", 1)))
+    informer._apply(WatchEvent("ADDED", configmap("other-4", 1)))
+    assert hot not in informer._decoded and informer._store[hot] is packed
 
 
 def test_a_compact_store_costs_a_fraction_of_the_json_of_alike_objects() -> None:
