@@ -178,7 +178,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, action="append", help="N (repeatable; default 1000 and 10000)")
     parser.add_argument("--in-flight", type=int, default=64, help="pods between bound and Running at once")
     args = parser.parse_args()
-    for n in args.pods or [1000, 10000]:
+    if args.in_flight < 1:
+        parser.error(f"--in-flight must be at least 1, not {args.in_flight}")
+    pods = args.pods or [1000, 10000]
+    if min(pods) < 1:
+        parser.error(f"--pods must be at least 1, not {min(pods)}")
+    for n in pods:
         print(measure(n, args.in_flight), flush=True)
 
 

@@ -43,6 +43,13 @@ def virtual_node(provider_id: str, secret: str, gpus: int = 8) -> RawObject:
     }
 
 
+def kubeconfig_secret(provider: LocalCluster, name: str) -> RawObject:
+    """The Secret a VirtualNode names: a kubeconfig for the provider, certificates embedded."""
+    kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
+    data = {"kubeconfig": kubeconfig}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+
+
 @contextlib.asynccontextmanager
 async def supervising(
     consumer: LocalCluster, namespace: str, log_dir: Path, **overrides: Any
@@ -82,14 +89,7 @@ async def test_one_kubelet_per_virtual_node_restarted_on_change_stopped_with_the
 ) -> None:
     await ensure_crds(consumer_client)
     ns = await make_namespace(consumer_client)
-    kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "kc"},
-        "data": {"kubeconfig": kubeconfig},
-    }
-    await consumer_client.create(SECRETS, secret, ns)
+    await consumer_client.create(SECRETS, kubeconfig_secret(provider, "kc"), ns)
     ids = [f"sup-{uuid.uuid4().hex[:6]}" for _ in range(2)]
     nodes = [f"gpuferry-{i}" for i in ids]
     try:
@@ -178,14 +178,7 @@ async def test_a_virtual_node_that_cannot_run_is_failed_until_it_is_fixed(
             assert "kubeconfig Secret 'not-yet' not found" in condition(failed, "KubeletRunning")["message"]
 
             # the Secret appears and the object is touched: it runs
-            kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
-            secret = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "not-yet"},
-                "data": {"kubeconfig": kubeconfig},
-            }
-            await consumer_client.create(SECRETS, secret, ns)
+            await consumer_client.create(SECRETS, kubeconfig_secret(provider, "not-yet"), ns)
             await consumer_client.patch(VIRTUALNODES, provider_id, {"spec": {"labels": {"retry": "1"}}}, ns)
             await wait_for(consumer_client, NODES, node, ready, timeout=60)
             await wait_for(consumer_client, VIRTUALNODES, provider_id, phase_is("Running"), namespace=ns)
@@ -279,14 +272,7 @@ async def test_a_crashed_kubelet_is_restarted_backing_off_and_forgiven_once_it_r
     at once, and 1 s again when it ran ``backoff_reset_after`` before it crashed."""
     await ensure_crds(consumer_client)
     ns = await make_namespace(consumer_client)
-    kubeconfig = base64.b64encode(embedded_kubeconfig(provider.spec.kubeconfig)).decode()
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "kc"},
-        "data": {"kubeconfig": kubeconfig},
-    }
-    await consumer_client.create(SECRETS, secret, ns)
+    await consumer_client.create(SECRETS, kubeconfig_secret(provider, "kc"), ns)
     provider_id = f"sup-{uuid.uuid4().hex[:6]}"
     node = f"gpuferry-{provider_id}"
     reset_after = 6.0

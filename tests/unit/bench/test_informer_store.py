@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench.informer_store import measure, one_way, pod, stages
+import sys
+
+import pytest
+
+from bench.informer_store import main, measure, one_way, pod, stages
 
 
 def test_a_pods_life_is_bound_started_running_deleted_gone() -> None:
@@ -28,3 +32,19 @@ def test_the_bench_prints_both_ways_and_their_ratios() -> None:
     line = measure(100, 8)
     assert line.startswith("N=100, 8 in flight: dicts "), line
     assert line.count("x)") == 2, line
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--pods", "0"], "--pods must be at least 1, not 0"),
+        (["--in-flight", "0"], "--in-flight must be at least 1, not 0"),
+    ],
+)
+def test_what_cannot_be_replayed_is_a_usage_error(
+    argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["informer_store", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 2 and says in capsys.readouterr().err
