@@ -24,8 +24,10 @@ virtual nodes (their twins go first) and withdraws every twin namespace; pods on
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,8 +55,10 @@ from .builders import FIELD_MANAGER
 from .providers import ProviderClients, identity_data
 
 __all__ = [
+    "ADMISSION_RESYNC_SECONDS",
     "FINALIZER",
     "NamespaceOffloadingReconciler",
+    "admission_due",
     "pending_retry",
     "selected_providers",
     "selection_changed",
@@ -107,6 +111,21 @@ def selection_changed(
         return provider if provider and (not selector or _matches(node_labels, selector)) else None
 
     return picked(old) != picked(new)
+
+
+ADMISSION_RESYNC_SECONDS = 60.0
+"""How long the admission policies and bindings, once applied, are taken as in place: they are
+the same for every offloading, and a pass of each applied all four again (issue 15: an
+offloading held Pending by a provider without an identity here passes every 5 s, and applied
+them each time, about 40 writes in a 30 s burst on the demo). A dry-run pod that shows the rule
+not applied has them applied at the next pass, whatever the time."""
+
+
+def admission_due(applied_at: float | None, now: float, resync: float = ADMISSION_RESYNC_SECONDS) -> bool:
+    """Whether the admission objects are to be applied again: never applied by this process (or
+    found not in effect since, ``applied_at`` None), or applied ``resync`` seconds ago or more.
+    Pure."""
+    return applied_at is None or now - applied_at >= resync
 
 
 PENDING_RETRY_MAX = 5.0
@@ -170,11 +189,16 @@ class NamespaceOffloadingReconciler:
         virtual_nodes: Informer,
         clients: ProviderClients,
         resync_seconds: float = 60.0,
+        admission_resync: float = ADMISSION_RESYNC_SECONDS,
     ) -> None:
         self.consumer = consumer
         self.virtual_nodes = virtual_nodes
         self.clients = clients
         self.resync_seconds = resync_seconds
+        self.admission_resync = admission_resync
+        self._admission_at: float | None = None
+        """When this process last applied the admission objects (monotonic); None: to apply."""
+        self._admission_lock = asyncio.Lock()
         self._pending: dict[ObjectKey, int] = {}
         """Offloading -> passes in a row that found it Pending."""
 
@@ -236,6 +260,8 @@ class NamespaceOffloadingReconciler:
             # Ready means the very next pod is offloaded: not before the API server applies the
             # rule (a policy written a moment ago is not: CI of stop 27)
             probe = await admission_in_effect(self.consumer, key.namespace, spec.get("podOffloadingStrategy"))
+            if probe.live is False:  # deleted by hand, or not loaded yet: applied again next pass
+                self._admission_at = None
             phase, reason, message = with_admission(phase, message, probe)
             status["phase"] = phase
         status["conditions"] = set_condition(
@@ -271,15 +297,21 @@ class NamespaceOffloadingReconciler:
             )
 
     async def _admission(self) -> None:
-        for resource, body in admission_objects():
-            await self.consumer.patch(
-                resource,
-                body["metadata"]["name"],
-                body,
-                patch_type="apply",
-                field_manager=FIELD_MANAGER,
-                force=True,
-            )
+        """Apply the admission objects when due (:func:`admission_due`); passes at the same time
+        share one application."""
+        async with self._admission_lock:
+            if not admission_due(self._admission_at, time.monotonic(), self.admission_resync):
+                return
+            for resource, body in admission_objects():
+                await self.consumer.patch(
+                    resource,
+                    body["metadata"]["name"],
+                    body,
+                    patch_type="apply",
+                    field_manager=FIELD_MANAGER,
+                    force=True,
+                )
+            self._admission_at = time.monotonic()
 
     async def _twin(
         self, provider_id: str, consumer_id: str | None, origin: str, mapping: str

@@ -12,18 +12,30 @@ import pytest
 
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound
+from kube.informers import Informer
+from kube.metrics import REGISTRY
 from kube.objects import (
     MUTATINGADMISSIONPOLICIES,
     MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACEOFFLOADINGS,
     NAMESPACES,
+    NODES,
     PODS,
     RESOURCEQUOTAS,
+    ObjectKey,
     RawObject,
 )
-from peering.admission import OFFLOADING_NAME, TAINT_KEY, admission_binding, admission_policy
+from peering.admission import (
+    OFFLOADING_NAME,
+    TAINT_KEY,
+    admission_binding,
+    admission_objects,
+    admission_policy,
+)
 from peering.admissionprobe import Probe, admission_in_effect
 from peering.cli.offload_cmds import ensure_admission
+from peering.consumer.offloadings import NamespaceOffloadingReconciler
+from peering.consumer.providers import ProviderClients
 from peering.crds import ensure_crds
 
 from .conftest import NamespaceFactory
@@ -233,3 +245,45 @@ async def test_a_probe_the_namespaces_own_rules_refuse_cannot_tell(
     # it, then "exceeded"): the users' pods meet the same, so waiting for the probe would not end
     probe = await admission_in_effect(consumer_client, ns, "LocalAndRemote")
     assert probe.live is None and "quota: no-pods" in probe.detail, probe
+
+
+def admission_applies(client: KubeClient) -> float:
+    """Server-side applies of the admission objects this process's clients sent to ``client``'s
+    API server so far (its ``gpuferry_api_requests_total``)."""
+    total = 0.0
+    for resource, _ in admission_objects():
+        labels = {"verb": "patch", "resource": resource.plural, "server": client.server}
+        total += REGISTRY.get_sample_value("gpuferry_api_requests_total", labels) or 0.0
+    return total
+
+
+async def test_the_offloading_controller_applies_the_admission_objects_once_a_resync_not_every_pass(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    key = ObjectKey(ns, OFFLOADING_NAME)
+    # no virtual node: the offloading selects no provider, and asks none
+    nodes = Informer(consumer_client, NODES, name="virtual-nodes", label_selector="gpuferry.io/none=none")
+    reconciler = NamespaceOffloadingReconciler(
+        consumer_client, virtual_nodes=nodes, clients=ProviderClients(), admission_resync=3.0
+    )
+    before = admission_applies(consumer_client)
+    # a pass every few seconds, as an offloading held Pending gets, and four at once
+    for _ in range(3):
+        await reconciler.reconcile(key)
+    await asyncio.gather(*(reconciler.reconcile(key) for _ in range(4)))
+    assert admission_applies(consumer_client) - before == len(admission_objects())
+    offloading = await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+    assert offloading["status"]["phase"] == "NoClusterSelected"
+    # deleted by hand meanwhile: put back once the resync is due
+    await consumer_client.delete(MUTATINGADMISSIONPOLICIES, admission_policy()["metadata"]["name"])
+    await asyncio.sleep(3.1)
+    await reconciler.reconcile(key)
+    assert admission_applies(consumer_client) - before == 2 * len(admission_objects())
+    assert await consumer_client.get(MUTATINGADMISSIONPOLICIES, admission_policy()["metadata"]["name"])
+    # released: its finalizer goes with the pass that finds it deleted
+    await consumer_client.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+    await reconciler.reconcile(key)
+    with pytest.raises(NotFound):
+        await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)

@@ -1,5 +1,6 @@
-"""Which changes of a virtual Node wake the consumer's peering and offloading controllers, and
-how often a Pending offloading is looked at again."""
+"""Which changes of a virtual Node wake the consumer's peering and offloading controllers, how
+often a Pending offloading is looked at again, and how often its pass applies the admission
+objects."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from kube.api import PROVIDER_LABEL
 from kube.informers import Change
 from kube.objects import ObjectKey
 from peering.consumer.app import offloadings_concerned, peering_concerned
-from peering.consumer.offloadings import pending_retry
+from peering.consumer.offloadings import ADMISSION_RESYNC_SECONDS, admission_due, pending_retry
 
 PROVIDER = PROVIDER_LABEL
 
@@ -94,3 +95,11 @@ def test_a_compact_old_object_is_read_too() -> None:
 
 def test_an_offloading_that_stays_pending_is_looked_at_less_and_less_often_down_to_every_5_s() -> None:
     assert [pending_retry(n) for n in range(1, 8)] == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0]
+
+
+def test_the_admission_objects_are_applied_first_then_once_a_resync() -> None:
+    assert admission_due(None, 0.0)  # never applied by this process, or found not in effect
+    assert not admission_due(100.0, 100.0)
+    assert not admission_due(100.0, 100.0 + ADMISSION_RESYNC_SECONDS - 0.1)
+    assert admission_due(100.0, 100.0 + ADMISSION_RESYNC_SECONDS)
+    assert admission_due(100.0, 103.0, resync=3.0) and not admission_due(100.0, 102.9, resync=3.0)
