@@ -123,6 +123,7 @@ class AdminSide(_TwinsRead):
         self.informers: Sequence[Informer] = [self.twins]
         self.synced = self.twins.synced
         self._namespaces: set[str] = set()
+        self._making: dict[str, asyncio.Future[None]] = {}
 
     def knows(self, key: ObjectKey) -> bool:
         return self.twins.synced.is_set()
@@ -131,9 +132,25 @@ class AdminSide(_TwinsRead):
         return twin_namespace(origin, self.consumer_id, strategy=self.strategy)
 
     async def prepare_namespace(self, origin: str) -> None:
+        """Create the twin namespace once: the pods of a burst that are there at the same time
+        share one creation (issue 15: each pod worker created it, 14 times for 100 pods)."""
         name = self.twin_namespace_for(origin)
         if name in self._namespaces:
             return
+        making = self._making.get(name)
+        if making is None:
+            making = asyncio.ensure_future(self._make_namespace(name, origin))
+            self._making[name] = making
+            making.add_done_callback(lambda done: self._made(name, done))
+        # a waiter's cancellation is its own; a failure is every waiter's, and the next call tries again
+        await asyncio.shield(making)
+
+    def _made(self, name: str, done: asyncio.Future[None]) -> None:
+        self._making.pop(name, None)
+        if not done.cancelled():
+            done.exception()  # retrieved here too: its waiters may all have been cancelled
+
+    async def _make_namespace(self, name: str, origin: str) -> None:
         body: RawObject = {
             "apiVersion": "v1",
             "kind": "Namespace",
