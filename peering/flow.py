@@ -49,7 +49,7 @@ from .resources import (
     identity_secret_name,
     tenant_namespace,
 )
-from .teardown import teardown
+from .teardown import finish_teardown, start_teardown, teardown, wait_all_gone
 from .waits import PeeringError, Progress, quiet, wait_gone, wait_until
 
 __all__ = [
@@ -60,13 +60,16 @@ __all__ = [
     "authenticate",
     "bootstrap_client",
     "establish_tenant",
+    "finish_teardown",
     "identity_secret_name",
     "issue_peering_token",
     "issued_client",
     "release_twin_namespace",
     "request_slice",
     "request_twin_namespace",
+    "start_teardown",
     "teardown",
+    "wait_all_gone",
 ]
 
 

@@ -3,7 +3,10 @@ consumer's identity Secret."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from kube.clients import KubeClient
 from kube.errors import Conflict, NotFound
@@ -34,10 +37,19 @@ from .resources import (
 )
 from .waits import Progress, quiet, wait_gone
 
-__all__ = ["teardown"]
+__all__ = ["Revoked", "finish_teardown", "start_teardown", "teardown", "wait_all_gone"]
 
 # what a consumer can write in a twin namespace (and so put finalizers on)
 _TWIN_KINDS = (PODS, CONFIGMAPS, SECRETS, SERVICES, ENDPOINTSLICES)
+
+
+@dataclass
+class Revoked:
+    """What :func:`start_teardown` did: what it removed, and the provider namespaces it deleted,
+    which are gone only once the provider's namespace controller has emptied them."""
+
+    removed: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
 
 
 async def teardown(
@@ -52,9 +64,33 @@ async def teardown(
 ) -> list[str]:
     """Remove everything peering made on both sides; returns what was removed. Idempotent.
 
+    :func:`start_teardown`, its namespaces gone, then :func:`finish_teardown`: see them.
+    """
+    revoked = await start_teardown(
+        consumer, provider, consumer_id=consumer_id, provider_id=provider_id, namespace=namespace,
+        progress=progress,
+    )  # fmt: skip
+    await wait_all_gone([(provider, name) for name in revoked.namespaces], timeout)
+    return revoked.removed + await finish_teardown(provider, consumer_id=consumer_id, progress=progress)
+
+
+async def start_teardown(
+    consumer: KubeClient,
+    provider: KubeClient,
+    *,
+    consumer_id: str,
+    provider_id: str,
+    namespace: str = CONSUMER_NAMESPACE,
+    progress: Progress = quiet,
+) -> Revoked:
+    """Everything peering made, deleted, without waiting for the namespaces to go. Idempotent.
+
     The Tenant is deleted first: the provider controller's finalizer revokes its RBAC, twin
     namespaces and CSRs. The same revocation is also done here (so teardown completes when the
     controller is not running), then the tenant namespace and the consumer's identity Secret go.
+    The namespaces deleted are in the answer: the provider's namespace controller takes 5 s before
+    it looks at a deleted namespace, so a caller that has more to delete waits for them all at
+    once (:func:`wait_all_gone`), then calls :func:`finish_teardown`.
     """
     removed: list[str] = []
     ns = tenant_namespace(consumer_id)
@@ -96,18 +132,31 @@ async def teardown(
         pass
     for what in removed:
         progress(f"removed {what}")
-    for name in [*twins, ns]:
-        await wait_gone(provider, NAMESPACES, name, None, timeout)
-    # the provider's ForeignCluster for the consumer (role Consumer), which its controller removes
-    # when the Tenant goes; last, so that a pass of that controller already under way when the
-    # Tenant went cannot make it again afterwards
+    return Revoked(removed, [*twins, ns])
+
+
+async def finish_teardown(provider: KubeClient, *, consumer_id: str, progress: Progress = quiet) -> list[str]:
+    """After :func:`start_teardown`'s namespaces are gone: the provider's ForeignCluster for the
+    consumer (role Consumer), which its controller removes when the Tenant goes. Last, so that a
+    pass of that controller already under way when the Tenant went cannot make it again
+    afterwards. Returns what was removed."""
     with contextlib.suppress(NotFound):
         found = await provider.get(FOREIGNCLUSTERS, consumer_id)
         if (found.get("spec") or {}).get("role") == "Consumer":
             await provider.delete(FOREIGNCLUSTERS, consumer_id)
             progress(f"removed provider: foreigncluster/{consumer_id}")
-            removed.append(f"provider: foreigncluster/{consumer_id}")
-    return removed
+            return [f"provider: foreigncluster/{consumer_id}"]
+    return []
+
+
+async def wait_all_gone(namespaces: Sequence[tuple[KubeClient, str]], timeout: float) -> None:
+    """Until each ``(cluster, namespace)`` is gone, waiting for them all at once: a namespace's
+    deletion takes at least the namespace controller's 5 s, so n of them one after the other take
+    n times that. PeeringError naming the first still there after ``timeout`` seconds."""
+    waits = (wait_gone(client, NAMESPACES, name, None, timeout) for client, name in namespaces)
+    for outcome in await asyncio.gather(*waits, return_exceptions=True):  # each ends by its timeout
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _drop_all_finalizers(client: KubeClient, namespace: str, resources: tuple[Resource, ...]) -> None:

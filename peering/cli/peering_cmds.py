@@ -47,7 +47,7 @@ from ..localagents import Agent, ensure_agent, exited, find_agent, stop_agent
 from ..network import FAILED_REASONS, network_ready
 from ..resources import TENANTS, tenant_namespace
 from ..virtualnodes import VIRTUALNODES
-from ..waits import wait_gone, wait_until
+from ..waits import wait_until
 from .common import (
     Progress,
     UserError,
@@ -616,15 +616,14 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         with contextlib.suppress(NotFound):
             await consumer.delete(SECRETS, token_secret_name(provider_id), flow.CONSUMER_NAMESPACE)
             removed.append(f"consumer: secret/{flow.CONSUMER_NAMESPACE}/{token_secret_name(provider_id)}")
-        removed += await flow.teardown(
-            consumer,
-            provider,
-            consumer_id=consumer_id,
-            provider_id=provider_id,
-            timeout=args.timeout,
-            progress=progress.note,
+        revoked = await flow.start_teardown(
+            consumer, provider, consumer_id=consumer_id, provider_id=provider_id, progress=progress.note
         )
+        removed += revoked.removed
         progress.step(f"tenant {consumer_id} revoked on {provider_id} ({len(removed)} objects removed)")
+        # the namespaces deleted, on both sides: each takes the namespace controller's 5 s or more
+        # to go, so they are all waited for at once, at the end
+        going = [(provider, name) for name in revoked.namespaces]
         for side, cid, peer in (
             ("consumer", consumer_id, provider_id),
             ("provider", provider_id, consumer_id),
@@ -653,9 +652,13 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         # the last peering gone: the cluster is as it was before the first one (CRDs aside). Not
         # with controllers installed in the clusters: gpuferry-system is their namespace then
         if args.agents == "local" and no_nodes and not await _peered_anywhere(consumer):
-            removed += await _forget_cluster(consumer, "consumer", admission=True)
+            removed += await _forget_cluster(consumer, "consumer", admission=True, going=going)
         if args.agents == "local" and no_tenants and not await _peered_anywhere(provider):
-            removed += await _forget_cluster(provider, "provider", admission=False)
+            removed += await _forget_cluster(provider, "provider", admission=False, going=going)
+        # gone, not just terminating: a peer right after needs them gone
+        await flow.wait_all_gone(going, args.timeout)
+        progress.step(f"{len(going)} namespace{'s' * (len(going) != 1)} gone")
+        removed += await flow.finish_teardown(provider, consumer_id=consumer_id, progress=progress.note)
     if left:
         raise UserError("unpeered, but the network fabric left things behind: " + "; ".join(left))
     emit(
@@ -679,9 +682,12 @@ async def _peered_anywhere(client: KubeClient) -> bool:
     return bool((await client.list(VIRTUALNODES))["items"] or (await client.list(TENANTS))["items"])
 
 
-async def _forget_cluster(client: KubeClient, side: str, *, admission: bool) -> list[str]:
+async def _forget_cluster(
+    client: KubeClient, side: str, *, admission: bool, going: list[tuple[KubeClient, str]]
+) -> list[str]:
     """Remove what only existed for peerings: the admission policy (consumer) and the
-    ``gpuferry-system`` namespace with the cluster ID (both sides)."""
+    ``gpuferry-system`` namespace with the cluster ID (both sides), added to ``going`` if it was
+    there, for the caller to wait for."""
     from ..admission import admission_objects
 
     removed = []
@@ -694,8 +700,7 @@ async def _forget_cluster(client: KubeClient, side: str, *, admission: bool) -> 
     with contextlib.suppress(NotFound):
         await client.delete(NAMESPACES, flow.CONSUMER_NAMESPACE)
         removed.append(f"{side}: namespace/{flow.CONSUMER_NAMESPACE}")
-        # gone, not just terminating: a peer right after needs it gone
-        await wait_gone(client, NAMESPACES, flow.CONSUMER_NAMESPACE, None, timeout=120)
+        going.append((client, flow.CONSUMER_NAMESPACE))
     return removed
 
 
@@ -727,8 +732,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     peer.add_argument(
         "--gpus",
         type=int,
-        help="whole GPUs (nvidia.com/gpu) to ask for; required unless --resource asks for slices of "
-        "GPUs",
+        help="whole GPUs (nvidia.com/gpu) to ask for; required unless --resource asks for slices of GPUs",
     )
     peer.add_argument("--cpu", help="CPU to ask for (default: 8 per GPU; a MIG 1g instance is 1/7 of one)")
     peer.add_argument("--memory", help="memory to ask for (default: 64Gi per GPU, likewise)")

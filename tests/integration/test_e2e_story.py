@@ -39,6 +39,7 @@ from kube.objects import (
     RawObject,
     Resource,
 )
+from kube.watching import Listed, watch_objects
 from peering.localagents import all_agents
 from peering.resources import GPUSLICES
 from vk.kubelet.certificates import csr_object, make_key_and_csr
@@ -367,7 +368,19 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
             assert "kube-system" not in {(r.get("spec") or {}).get("originNamespace") for r in asked}
         finally:
             await consumer_client.delete(NAMESPACEOFFLOADINGS, "offloading", "kube-system")
-        await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
+        seen: list[tuple[str, str, bool]] = []  # the provider's namespaces as unpeer goes
+        listed = asyncio.Event()
+        watching = asyncio.create_task(_record_namespaces(provider_client, seen, listed))
+        await asyncio.wait_for(listed.wait(), 30)
+        out = await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
+        watching.cancel()
+        assert "unpeered ml-eu from gpu-farm" in out
+        # the namespaces it deletes are waited for together: the last peering's gpuferry-system
+        # was on its way before the tenant namespace (which takes the namespace controller's 5 s)
+        # was gone, where waiting for each in turn would have added those 5 s again
+        terminating = seen.index(("MODIFIED", "gpuferry-system", True))
+        assert terminating < seen.index(("DELETED", "gpuferry-tenant-ml-eu", True)), seen
+        assert ("DELETED", "gpuferry-system", True) in seen[terminating:], seen
         # revoked: the old certificate opens nothing any more
         for attempt in (me.list(PODS, twin_ns), me.list(SECRETS, "gpuferry-tenant-ml-eu")):
             with pytest.raises((Forbidden, Unauthorized, NotFound)):
@@ -380,6 +393,19 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
         assert not [a for a in all_agents() if a.pid() is not None], "agents still running"
     with pytest.raises(NotFound):
         await provider_client.get(NAMESPACES, twin_ns)
+
+
+async def _record_namespaces(
+    client: KubeClient, seen: list[tuple[str, str, bool]], listed: asyncio.Event
+) -> None:
+    """Each change to a namespace of ``client``'s cluster once ``listed``, as (type, name, being
+    deleted)."""
+    async for item in watch_objects(client, NAMESPACES):
+        if isinstance(item, Listed):
+            listed.set()
+        else:
+            md = item.object["metadata"]
+            seen.append((item.type, md["name"], bool(md.get("deletionTimestamp"))))
 
 
 def gpu_pod(name: str, gpus: int) -> RawObject:
