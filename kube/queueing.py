@@ -17,7 +17,6 @@ then lets work in progress finish, for up to ``drain_timeout``) or until cancell
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -26,6 +25,7 @@ from typing import Generic, TypeVar
 from . import metrics
 from .backoff import backoff_delay
 from .settings import QueueSettings
+from .tasks import wait_set
 
 __all__ = ["Handler", "KeyedQueue"]
 
@@ -234,8 +234,7 @@ class KeyedQueue(Generic[K]):
         ]
         try:
             await self._closed.wait()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._nothing_running.wait(), self.settings.drain_timeout)
+            await wait_set(self._nothing_running, self.settings.drain_timeout)
         finally:
             for task in tasks:
                 task.cancel()

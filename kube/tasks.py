@@ -14,11 +14,28 @@ import logging
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["create_guarded_task", "run_supervised"]
+__all__ = ["create_guarded_task", "run_supervised", "wait_set"]
 
 T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
+
+
+async def wait_set(event: asyncio.Event, timeout: float) -> bool:
+    """Until ``event`` is set (True) or ``timeout`` seconds have passed (False).
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: in Python 3.11 that returns normally when the
+    event is set in the same step of the loop as its task is cancelled, so the cancellation is
+    swallowed and a loop around it runs on after it was told to stop (a virtual kubelet's
+    node-status loop was seen running 60 s after its cancellation). ``asyncio.timeout`` tells its
+    own cancellation from another's. (Python 3.12's ``wait_for`` is built on it.)
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 async def _guarded(coro: Coroutine[Any, Any, T], name: str, logger: logging.Logger) -> T | None:

@@ -12,7 +12,6 @@ routes. Routes are ours by protocol number (`netfabric.routes`); nothing else is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from ipaddress import IPv4Address, ip_address
 from kube.clients import KubeClient
 from kube.informers import Informer
 from kube.objects import PODS, RawObject
+from kube.tasks import wait_set
 from netfabric.agent import AgentSettings, sync_node
 from netfabric.app import remaps_from_status
 from netfabric.model import Remap
@@ -165,5 +165,4 @@ class RouteAgent:
             if ok:
                 await self._changed.wait()
             else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), RETRY_SECONDS)
+                await wait_set(self._changed, RETRY_SECONDS)

@@ -96,7 +96,8 @@ async def ensure_crds(
                 return
 
     try:
-        await asyncio.wait_for(wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await wait()
     except TimeoutError:
         raise TimeoutError(
             f"CRDs not Established after {timeout:.0f}s: {', '.join(sorted(pending))}"

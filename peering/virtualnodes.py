@@ -205,7 +205,8 @@ class _Child:
             return
         proc.terminate()
         try:
-            await asyncio.wait_for(proc.wait(), self.supervisor.settings.stop_grace)
+            async with asyncio.timeout(self.supervisor.settings.stop_grace):
+                await proc.wait()
         except TimeoutError:
             proc.kill()
             await proc.wait()

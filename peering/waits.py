@@ -52,7 +52,8 @@ async def wait_until(
         raise PeeringError(f"watching {what} ended")
 
     try:
-        return await asyncio.wait_for(watch(), timeout)
+        async with asyncio.timeout(timeout):
+            return await watch()
     except TimeoutError:
         if last is None:
             detail: object = "it was never seen"
@@ -77,7 +78,8 @@ async def wait_gone(
                 return
 
     try:
-        await asyncio.wait_for(watch(), timeout)
+        async with asyncio.timeout(timeout):
+            await watch()
     except TimeoutError:
         raise PeeringError(
             f"{resource.kind} {namespace + '/' if namespace else ''}{name} still there after {timeout:.0f}s"
@@ -112,6 +114,7 @@ async def wait_none(
                 return
 
     try:
-        await asyncio.wait_for(watch(), timeout)
+        async with asyncio.timeout(timeout):
+            await watch()
     except TimeoutError:
         raise PeeringError(f"{len(left)} {what} still there after {timeout:.0f}s") from None

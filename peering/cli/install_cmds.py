@@ -251,7 +251,8 @@ async def _wait_ready(
             await changed.wait()
 
     try:
-        return await asyncio.wait_for(settle(), timeout)
+        async with asyncio.timeout(timeout):
+            return await settle()
     except TimeoutError:
         raise UserError(
             f"not available after {timeout:.0f}s: {', '.join(waiting) or 'no Deployment yet'} "

@@ -632,7 +632,8 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
             if agent is not None and agent.pid() is not None and had_network[side]:
                 # its PeerNetwork is gone: the gateway removes its tunnel, checks nothing is left, exits
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(exited(agent), args.timeout)
+                    async with asyncio.timeout(args.timeout):
+                        await exited(agent)
                 if agent.pid() is not None:
                     await asyncio.to_thread(stop_agent, agent)
                     left.append(

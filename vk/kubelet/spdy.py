@@ -71,15 +71,13 @@ async def passthrough(
     host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
     ssl_ctx = provider.connection.ssl_context()
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
+        async with asyncio.timeout(30):
+            reader, writer = await asyncio.open_connection(
                 host,
                 port,
                 ssl=ssl_ctx,
                 server_hostname=(provider.connection.tls_server_name or host) if ssl_ctx else None,
-            ),
-            30,
-        )
+            )
     except (OSError, TimeoutError) as exc:
         return web.Response(status=502, text=f"cannot reach the provider API server: {exc}")
     try:
@@ -99,13 +97,17 @@ async def passthrough(
             lines.append(f"Authorization: {auth}")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
         await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        async with asyncio.timeout(30):
+            head = await reader.readuntil(b"\r\n\r\n")
         if len(head) > HEAD_LIMIT:
             return web.Response(status=502, text="provider API server: response head too large")
         status, reason, headers = _parse_head(head[:-4])
         if status != 101:
             length = int(headers.get("content-length", "0") or 0)
-            body = await asyncio.wait_for(reader.readexactly(min(length, HEAD_LIMIT)), 10) if length else b""
+            body = b""
+            if length:
+                async with asyncio.timeout(10):
+                    body = await reader.readexactly(min(length, HEAD_LIMIT))
             logger.info("provider refused the SPDY upgrade of %s: %s %s", path, status, reason)
             return web.Response(
                 status=status,

@@ -61,6 +61,7 @@ from kube.metrics import gauge
 from kube.objects import NODES, RawObject
 from kube.quantities import ResourceList, parse_quantity, parse_resource_list
 from kube.settings import ProbeSettings
+from kube.tasks import wait_set
 
 from ..forge.fit import FitResult
 from ..forge.node import (
@@ -420,8 +421,7 @@ class NodeController:
                 continue
             self._last_update = time.monotonic()
             wait = self._last_heartbeat + self.settings.status_seconds - time.monotonic()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), max(wait, 0.0))
+            await wait_set(self._dirty, max(wait, 0.0))
             # debounce: changes arriving together make one update
             await asyncio.sleep(max(0.0, self._last_update + MIN_UPDATE_INTERVAL - time.monotonic()))
 

@@ -21,6 +21,7 @@ from kube.backoff import Backoff
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
 from kube.objects import DEVICECLASSES, NODES, RESOURCESLICES, RawObject
+from kube.tasks import wait_set
 
 from ..forge.devices import class_owners, mirror_class, mirror_slices
 
@@ -61,8 +62,7 @@ class DeviceMirror:
             except KubeError as exc:
                 delay = backoff.next()
                 logger.warning("ResourceSlices of node %s: %s; retrying in %.0fs", self.node_name, exc, delay)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await wait_set(self._wake, delay)
 
     async def sync(self) -> bool:
         """One pass: the node's mirror slices and classes as the grant says (False: the node is

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kube.tasks import create_guarded_task, run_supervised
+from kube.tasks import create_guarded_task, run_supervised, wait_set
 
 
 async def forever(stopped: list[str], name: str) -> None:
@@ -69,3 +69,33 @@ async def test_cancelling_the_supervisor_cancels_every_root_task() -> None:
     with pytest.raises(asyncio.CancelledError):
         await sup
     assert sorted(stopped) == ["a", "b"]
+
+
+async def test_a_loop_waiting_for_an_event_stops_when_cancelled_as_the_event_comes() -> None:
+    # asyncio.wait_for(event.wait(), 30) in Python 3.11 returns here, and the loop runs on
+    event = asyncio.Event()
+    passes = 0
+
+    async def loop() -> None:
+        nonlocal passes
+        while True:
+            event.clear()
+            passes += 1
+            await wait_set(event, 30)
+
+    task = asyncio.create_task(loop(), name="status-loop")
+    await asyncio.sleep(0)
+    assert passes == 1
+    event.set()
+    task.cancel()  # in the same step: what it waits for is done as the cancellation comes
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done and task.cancelled()
+    assert passes == 1
+
+
+async def test_wait_set_says_whether_the_event_came_in_time() -> None:
+    event = asyncio.Event()
+    assert await wait_set(event, 0.01) is False
+    asyncio.get_running_loop().call_later(0.01, event.set)
+    assert await wait_set(event, 5) is True
+    assert await wait_set(event, 0) is True  # set already: no wait at all
