@@ -30,6 +30,7 @@ from kube.objects import (
     CONFIGMAPS,
     DEPLOYMENTS,
     FOREIGNCLUSTERS,
+    NAMESPACES,
     NODES,
     PEERNETWORKS,
     PODS,
@@ -37,6 +38,7 @@ from kube.objects import (
     ObjectKey,
     RawObject,
     labels,
+    meta,
 )
 from kube.queueing import KeyedQueue
 from kube.settings import LeaderElectionSettings, ProbeSettings, QueueSettings
@@ -50,7 +52,7 @@ from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
 from .foreignclusters import ForeignClusterReconciler
 from .kubelets import VirtualKubeletDeployer, virtual_node_key
-from .offloadings import NamespaceOffloadingReconciler, selection_changed
+from .offloadings import NamespaceOffloadingReconciler, namespace_state, selection_changed
 from .providers import ProviderClients, ProviderWatches
 
 __all__ = ["LEASE_NAME", "build_consumer", "offloadings_concerned", "peering_concerned"]
@@ -120,6 +122,7 @@ def build_consumer(
                      label_selector=f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}")  # fmt: skip
     peer_networks = Informer(client, PEERNETWORKS, namespace=system)
     offloadings = Informer(client, NAMESPACEOFFLOADINGS, field_selector=f"metadata.name={OFFLOADING_NAME}")
+    namespaces = Informer(client, NAMESPACES, project=namespace_state)
     cluster_id = Informer(client, CONFIGMAPS, name="cluster-id", namespace=system,
                           field_selector=f"metadata.name={CLUSTER_ID_CONFIGMAP}")  # fmt: skip
     declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
@@ -145,6 +148,14 @@ def build_consumer(
     nodes.add_handler(node_changed)
     peer_networks.add_handler(lambda change: peering(change.key.name))
     offloadings.add_handler(lambda change: no_q.add(change.key))
+
+    def namespace_changed(change: Change) -> None:
+        # a namespace being deleted: its offloading (if any) is released at once
+        key = ObjectKey(change.key.name, OFFLOADING_NAME)
+        if change.new is not None and meta(change.new).get("deletionTimestamp") and key in offloadings:
+            no_q.add(key)
+
+    namespaces.add_handler(namespace_changed)
     cluster_id.add_handler(every_peering)
     declaration.add_handler(every_peering)
 
@@ -159,7 +170,9 @@ def build_consumer(
         clients=clients,
         watches=watches,
     )
-    offloaded = NamespaceOffloadingReconciler(client, virtual_nodes=nodes, clients=clients)
+    offloaded = NamespaceOffloadingReconciler(
+        client, virtual_nodes=nodes, clients=clients, namespaces=namespaces
+    )
 
     manager = Manager(
         "consumer",
@@ -186,7 +199,7 @@ def build_consumer(
             offloaded,
             kind="NamespaceOffloading",
             logger=logger,
-            informers=[offloadings, nodes],
+            informers=[offloadings, nodes, namespaces],
         )
     )
     if kubelet_pods is not None:

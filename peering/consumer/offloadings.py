@@ -154,6 +154,14 @@ def with_admission(phase: str, message: str, probe: Probe) -> tuple[str, str, st
     return phase, phase, message
 
 
+def namespace_state(obj: RawObject) -> RawObject:
+    """A Namespace as the offloading controller keeps it: its name and, once it is being deleted,
+    its deletionTimestamp. Pure."""
+    md = obj.get("metadata") or {}
+    kept = {k: md[k] for k in ("name", "uid", "resourceVersion", "deletionTimestamp") if md.get(k)}
+    return {"metadata": kept}
+
+
 def _ready_at(obj: RawObject) -> bool:
     """Whether ``obj``'s status says Ready for its current generation. Pure."""
     cond = find_condition((obj.get("status") or {}).get("conditions"), "Ready")
@@ -188,11 +196,15 @@ class NamespaceOffloadingReconciler:
         *,
         virtual_nodes: Informer,
         clients: ProviderClients,
+        namespaces: Informer | None = None,
         resync_seconds: float = 60.0,
         admission_resync: float = ADMISSION_RESYNC_SECONDS,
     ) -> None:
         self.consumer = consumer
         self.virtual_nodes = virtual_nodes
+        self.namespaces = namespaces
+        """The consumer's Namespaces (:func:`namespace_state`): an offloading whose namespace is
+        being deleted is released at once, not when the namespace controller gets to it."""
         self.clients = clients
         self.resync_seconds = resync_seconds
         self.admission_resync = admission_resync
@@ -215,7 +227,7 @@ class NamespaceOffloadingReconciler:
             self._pending.pop(key, None)
             return None
         consumer_id = await read_cluster_id(self.consumer)
-        if meta(obj).get("deletionTimestamp"):
+        if meta(obj).get("deletionTimestamp") or self._namespace_going(key.namespace):
             return await self._release(obj, consumer_id)
         if is_system_namespace(key.namespace):  # never asked of a provider: nothing left there
             said = f"{key.namespace} is a system namespace: its pods are not offloaded"
@@ -281,6 +293,18 @@ class NamespaceOffloadingReconciler:
             return Requeue(self.resync_seconds)
         self._pending[key] = passes = self._pending.get(key, 0) + 1
         return Requeue(pending_retry(passes))
+
+    def _namespace_going(self, namespace: str) -> bool:
+        """Whether ``namespace`` is being deleted. Its NamespaceOffloading is released then, as
+        for an unoffload: the namespace controller looks at a deleted namespace 5 s after, and
+        again 5 s after each pass that found pods (which its first pass only deletes), then 5 to
+        8 s after each that found the offloading still held by this controller's finalizer,
+        which waited for the provider's namespace controller: 24 s for a namespace with one
+        offloaded pod, where one not offloaded takes 10."""
+        if self.namespaces is None:
+            return False
+        found = self.namespaces.get(ObjectKey(None, namespace))
+        return found is not None and bool(meta(found).get("deletionTimestamp"))
 
     async def _refuse(self, obj: RawObject, consumer_id: str | None, message: str) -> None:
         """Failed at once, asking no provider (and withdrawing what an earlier version asked)."""
@@ -380,6 +404,8 @@ class NamespaceOffloadingReconciler:
                 pending = True
         if pending:
             return Requeue(1.0)
+        if FINALIZER not in (meta(obj).get("finalizers") or []):
+            return None  # released before (its namespace going): it waits for the namespace controller
         finalizers = [f for f in meta(obj).get("finalizers") or [] if f != FINALIZER]
         with contextlib.suppress(NotFound):
             await self.consumer.patch(

@@ -615,6 +615,50 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
         await provider_client.get(NAMESPACES, ns)
 
 
+async def test_deleting_an_offloaded_namespace_releases_its_twin_namespace_as_it_begins(
+    cli: Cli, consumer_client: KubeClient, provider_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    await cli.ok(*cli.peer_args("--gpus", "2", "--selector", H100))
+    ns = await make_namespace(consumer_client)
+    await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    twin_ns = f"{ns}-ml-eu"
+    await consumer_client.create(PODS, gpu_pod("train", 1), ns)
+    await wait_for(consumer_client, PODS, "train", lambda p: p["status"].get("phase") == "Running",
+                   namespace=ns, timeout=60)  # fmt: skip
+    # (when the offloading was deleted, the twin namespace then: None once gone)
+    seen: list[tuple[str | None, RawObject | None]] = []
+
+    async def follow(listed: asyncio.Event) -> None:
+        async for item in watch_objects(consumer_client, NAMESPACEOFFLOADINGS, namespace=ns):
+            if isinstance(item, Listed):
+                listed.set()
+            elif item.type == "DELETED" or item.object["metadata"].get("deletionTimestamp"):
+                try:
+                    twin: RawObject | None = await provider_client.get(NAMESPACES, twin_ns)
+                except NotFound:
+                    twin = None
+                seen.append((item.object["metadata"].get("deletionTimestamp"), twin))
+                return
+
+    listed = asyncio.Event()
+    following = asyncio.create_task(follow(listed))
+    await asyncio.wait_for(listed.wait(), 30)
+    await consumer_client.delete(NAMESPACES, ns)
+    await asyncio.wait_for(following, 60)
+    # the namespace controller deletes the offloading 5 s after the namespace at the earliest (its
+    # first pass; later when that pass found pods). The consumer agent saw the namespace go and
+    # released the twin namespace before: its deletion is seconds older than the offloading's
+    # (deletion times are whole seconds, RFC 3339 in UTC). Released only when the offloading was
+    # deleted (as before: 24 s for the namespace to go, not 10), it would be as old or younger.
+    ((offloading_deleted, twin),) = seen
+    if twin is not None and offloading_deleted is not None:  # (gone: deleted 5 s before or more)
+        twin_deleted = twin["metadata"].get("deletionTimestamp")
+        assert twin_deleted and twin_deleted < offloading_deleted, (twin["metadata"], offloading_deleted)
+    await wait_for_deletion(consumer_client, NAMESPACES, ns, None, timeout=60)
+    await wait_for_deletion(provider_client, NAMESPACES, twin_ns, None, timeout=60)
+    assert not (await provider_client.list(NAMESPACEOFFLOADINGS, "gpuferry-tenant-ml-eu"))["items"]
+
+
 def peer_quietly(cli: Cli) -> list[str]:
     """``gpuferry peer`` ml-eu with gpu-farm, quiet and without the network fabric (for the
     tests about GPUs, not packets); the GPUs and the selector follow."""
