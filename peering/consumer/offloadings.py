@@ -155,8 +155,8 @@ def with_admission(phase: str, message: str, probe: Probe) -> tuple[str, str, st
 
 
 def namespace_state(obj: RawObject) -> RawObject:
-    """A Namespace as the offloading controller keeps it: its name and, once it is being deleted,
-    its deletionTimestamp. Pure."""
+    """A Namespace as the offloading controller keeps it: its name, uid and resourceVersion and,
+    once it is being deleted, its deletionTimestamp; nothing else. Pure."""
     md = obj.get("metadata") or {}
     kept = {k: md[k] for k in ("name", "uid", "resourceVersion", "deletionTimestamp") if md.get(k)}
     return {"metadata": kept}

@@ -13,7 +13,12 @@ from kube.api import PROVIDER_LABEL
 from kube.informers import Change
 from kube.objects import ObjectKey
 from peering.consumer.app import offloadings_concerned, peering_concerned
-from peering.consumer.offloadings import ADMISSION_RESYNC_SECONDS, admission_due, pending_retry
+from peering.consumer.offloadings import (
+    ADMISSION_RESYNC_SECONDS,
+    admission_due,
+    namespace_state,
+    pending_retry,
+)
 
 PROVIDER = PROVIDER_LABEL
 
@@ -103,3 +108,19 @@ def test_the_admission_objects_are_applied_first_then_once_a_resync() -> None:
     assert not admission_due(100.0, 100.0 + ADMISSION_RESYNC_SECONDS - 0.1)
     assert admission_due(100.0, 100.0 + ADMISSION_RESYNC_SECONDS)
     assert admission_due(100.0, 103.0, resync=3.0) and not admission_due(100.0, 102.9, resync=3.0)
+
+
+def test_a_namespace_is_kept_as_its_identity_and_whether_it_is_going() -> None:
+    full = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "ml-team", "uid": "u1", "resourceVersion": "7", "labels": {"team": "ml"},
+                     "annotations": {"a": "b" * 1000}, "managedFields": [{"manager": "kubectl"}]},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    }  # fmt: skip
+    kept = namespace_state(full)
+    assert kept == {"metadata": {"name": "ml-team", "uid": "u1", "resourceVersion": "7"}}
+    assert ObjectKey.of(kept) == ObjectKey(None, "ml-team")
+    full["metadata"]["deletionTimestamp"] = "2026-11-28T01:30:17Z"
+    assert namespace_state(full)["metadata"]["deletionTimestamp"] == "2026-11-28T01:30:17Z"
