@@ -33,7 +33,7 @@ from typing import Any
 
 from kube.api import PROVIDER_LABEL, tenant_namespace
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, KubeError, NotFound
+from kube.errors import AlreadyExists, KubeError, NotFound, is_temporary
 from kube.informers import Informer
 from kube.logs import object_logger
 from kube.objects import (
@@ -383,8 +383,10 @@ class NamespaceOffloadingReconciler:
         except NotFound:
             return True
         except KubeError as e:
+            if is_temporary(e):  # the provider unreachable, or busy: the controller retries with
+                raise  # backoff, and the finalizer holds, so its twin namespace is not left there
             logger.info("withdrawing the twin namespace of %s from %s: %s", origin, provider_id, e)
-            return True
+            return True  # e.g. the identity revoked: the provider revokes the tenant's twins itself
         return False
 
     async def _release(self, obj: RawObject, consumer_id: str | None) -> Requeue | None:

@@ -46,7 +46,7 @@ from vk.kubelet.certificates import csr_object, make_key_and_csr
 
 from .clirunner import Cli, cache_of
 from .conftest import NamespaceFactory
-from .relay import kubeconfig_via
+from .relay import Relay, kubeconfig_via
 from .waiting import condition, wait_for, wait_for_deletion
 
 pytestmark = pytest.mark.integration
@@ -657,6 +657,40 @@ async def test_deleting_an_offloaded_namespace_releases_its_twin_namespace_as_it
     await wait_for_deletion(consumer_client, NAMESPACES, ns, None, timeout=60)
     await wait_for_deletion(provider_client, NAMESPACES, twin_ns, None, timeout=60)
     assert not (await provider_client.list(NAMESPACEOFFLOADINGS, "gpuferry-tenant-ml-eu"))["items"]
+
+
+async def test_an_offloaded_namespace_deleted_while_its_provider_is_unreachable_is_released_once_it_is_back(
+    cli: Cli, provider: LocalCluster, consumer_client: KubeClient, provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:  # fmt: skip
+    relay = Relay(provider.spec.ports.apiserver)  # the consumer's way to the provider, cut below
+    await relay.start()
+    try:
+        await cli.ok(*cli.peer_args("--gpus", "2", "--selector", H100,
+                                    "--remote-server", f"https://127.0.0.1:{relay.port}"))  # fmt: skip
+        ns = await make_namespace(consumer_client)
+        await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+        twin_ns = f"{ns}-ml-eu"
+        await provider_client.get(NAMESPACES, twin_ns)
+        await relay.stop()
+        await consumer_client.delete(NAMESPACES, ns)
+        # the namespace controller deletes the offloading; the consumer agent cannot withdraw the
+        # twin namespace, and its finalizer holds (before: it gave up at the first network error
+        # and dropped it, and the twin namespace stayed on the provider for good)
+        held = await wait_for(consumer_client, NAMESPACEOFFLOADINGS, "offloading",
+                              lambda o: bool(o["metadata"].get("deletionTimestamp")),
+                              namespace=ns, timeout=60)  # fmt: skip
+        assert "offloading.gpuferry.io/release" in held["metadata"]["finalizers"], held["metadata"]
+        assert not (await provider_client.get(NAMESPACES, twin_ns))["metadata"].get("deletionTimestamp")
+        await relay.start()  # the same port
+        await wait_for_deletion(provider_client, NAMESPACES, twin_ns, None, timeout=120)
+        await wait_for_deletion(consumer_client, NAMESPACES, ns, None, timeout=120)
+    finally:
+        if relay.server is None:
+            await relay.start()
+        # unpeered while the relay still carries the consumer agent's requests to the provider
+        await cli("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "-q")
+        await relay.stop()
 
 
 def peer_quietly(cli: Cli) -> list[str]:
