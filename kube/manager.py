@@ -28,7 +28,6 @@ so that the process exits non-zero and its supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -44,6 +43,7 @@ from .probes import Probes, serve_probes
 from .queueing import KeyedQueue
 from .reconciling import Reconciler, run_workers
 from .settings import LeaderElectionSettings, ProbeSettings
+from .tasks import cancel_and_wait
 
 __all__ = ["Controller", "Manager"]
 
@@ -226,9 +226,7 @@ class Manager:
         done, _ = await asyncio.wait([acquire, stopped, *roots.values()], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         if acquire not in done:
-            acquire.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquire
+            await cancel_and_wait([acquire], logger=logger)
             return False
         acquire.result()
         return True
@@ -280,7 +278,7 @@ class Manager:
         """Stop leading at once, without draining (another replica may lead already): cancel the
         workers and leader-only tasks; their queues keep their keys for the next term."""
         self.leading = False
-        await _cancel(list(leading.values()))
+        await cancel_and_wait(leading.values(), logger=logger)
         for name in leading:
             self.probes.liveness.pop(name, None)
         leading.clear()
@@ -288,25 +286,35 @@ class Manager:
     async def _shut_down(
         self, roots: dict[str, asyncio.Task[Any]], leading: dict[str, asyncio.Task[Any]]
     ) -> BaseException | None:
-        """Drain, cancel, release, stop; the first failure of a root task (None: a clean stop)."""
+        """Drain, cancel, release, stop; the first failure of a root task (None: a clean stop).
+
+        Cancelled meanwhile (a second SIGTERM's worth: whoever runs the manager wants it gone),
+        it drains no longer but still stops every task, the Lease's renewer after the other leader
+        tasks, and then raises CancelledError."""
         self._stopping.set()
         self.leading = False
         failure = _first_failure({**roots, **leading})
+        interrupted = False
         # 1. the queues: no new keys, work in progress finishes (queue.run honours drain_timeout)
         for controller in self.controllers:
             controller.queue.shutdown()
         workers = [t for n, t in leading.items() if n.startswith("reconcile-")]
         if workers:
-            _, pending = await asyncio.wait(workers, timeout=self.drain_timeout + 5)
-            for task in pending:
-                task.cancel()
-        # 2. the other leader tasks; the Lease last of them (keep() releases it when cancelled)
-        others = [t for n, t in leading.items() if not n.startswith("reconcile-") and n != "renew-lease"]
-        await _cancel(others)
-        if "renew-lease" in leading:
-            await _cancel([leading["renew-lease"]])
-        # 3. the watches, common tasks and probes
-        await _cancel(list(roots.values()))
+            try:
+                await asyncio.wait(workers, timeout=self.drain_timeout + 5)
+            except asyncio.CancelledError:
+                interrupted = True
+        # 2. the other leader tasks, the workers left; the Lease last of them (keep() releases it
+        # when cancelled); 3. the watches, common tasks and probes
+        others = [t for n, t in leading.items() if n != "renew-lease"]
+        renewal = [leading["renew-lease"]] if "renew-lease" in leading else []
+        for tasks in (others, renewal, list(roots.values())):
+            try:
+                await cancel_and_wait(tasks, logger=logger)
+            except asyncio.CancelledError:
+                interrupted = True
+        if interrupted:
+            raise asyncio.CancelledError
         return failure
 
 
@@ -315,11 +323,3 @@ def _first_failure(tasks: dict[str, asyncio.Task[Any]]) -> BaseException | None:
         if task.done() and not task.cancelled() and task.exception() is not None:
             return task.exception()
     return None
-
-
-async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task

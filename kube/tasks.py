@@ -4,17 +4,18 @@ Every long-lived loop (a watch, a queue's workers, an HTTP server, a lease renew
 named task. :func:`create_guarded_task` logs a task's failure with its name instead of leaving
 "Task exception was never retrieved" to the garbage collector. :func:`run_supervised` runs a
 component's root tasks together: when the first one ends, normally or not, the others are
-cancelled and awaited, and the first one's exception (if any) is raised.
+cancelled and awaited, and the first one's exception (if any) is raised. :func:`cancel_and_wait`
+stops tasks without swallowing the caller's own cancellation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["create_guarded_task", "run_supervised", "wait_set"]
+__all__ = ["cancel_and_wait", "create_guarded_task", "run_supervised", "wait_set"]
 
 T = TypeVar("T")
 
@@ -38,6 +39,43 @@ async def wait_set(event: asyncio.Event, timeout: float) -> bool:
     return True
 
 
+async def cancel_and_wait(
+    tasks: Iterable[asyncio.Future[Any]], *, logger: logging.Logger | logging.LoggerAdapter[Any] | None = None
+) -> None:
+    """Cancel ``tasks`` and wait until every one has ended; log the failures of those that were
+    still running (with the task's name). A task already done is left as it is (its result or
+    exception is the caller's, and is marked retrieved).
+
+    Not ``task.cancel(); with suppress(CancelledError): await task``: that swallows the caller's
+    own cancellation too, when it comes while the task winds down, and a loop around it (a manager
+    stepping down, a supervisor forgetting a child) runs on after it was told to stop. Here the
+    tasks' cancellations never reach the caller, and the caller's does, once they have all ended:
+    a caller cancelled meanwhile still waits for them (they were told to stop already), so that
+    nothing it started outlives it.
+    """
+    log = logger or _log
+    running: list[asyncio.Future[Any]] = []
+    for task in tasks:
+        if task.done():
+            if not task.cancelled():
+                task.exception()  # retrieved
+        else:
+            task.cancel()
+            running.append(task)
+    interrupted = False
+    while not all(task.done() for task in running):
+        try:
+            await asyncio.wait(running)  # raises only this caller's own cancellation
+        except asyncio.CancelledError:
+            interrupted = True
+    for task in running:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+            log.error("task %s failed while stopping", name, exc_info=exc)
+    if interrupted:
+        raise asyncio.CancelledError
+
+
 async def _guarded(coro: Coroutine[Any, Any, T], name: str, logger: logging.Logger) -> T | None:
     try:
         return await coro
@@ -58,15 +96,6 @@ def create_guarded_task(
     return asyncio.create_task(_guarded(coro, name, logger or _log), name=name)
 
 
-async def _cancel_all(tasks: Mapping[str, asyncio.Task[Any]], logger: logging.Logger) -> None:
-    for task in tasks.values():
-        task.cancel()
-    results = await asyncio.gather(*tasks.values(), return_exceptions=True)
-    for name, result in zip(tasks, results, strict=True):
-        if isinstance(result, Exception):
-            logger.error("task %s failed while stopping", name, exc_info=result)
-
-
 async def run_supervised(
     roots: Mapping[str, Coroutine[Any, Any, Any]], *, logger: logging.Logger | None = None
 ) -> str:
@@ -82,7 +111,7 @@ async def run_supervised(
     try:
         done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        await _cancel_all(tasks, log)
+        await cancel_and_wait(tasks.values(), logger=log)
         raise
     first_name, first = next((n, t) for n, t in tasks.items() if t in done)
     others = {n: t for n, t in tasks.items() if t is not first}
@@ -96,7 +125,7 @@ async def run_supervised(
     for name, task in others.items():
         if task.done() and not task.cancelled() and task.exception() is not None:
             log.error("root task %s failed", name, exc_info=task.exception())
-    await _cancel_all({n: t for n, t in others.items() if not t.done()}, log)
+    await cancel_and_wait([t for t in others.values() if not t.done()], logger=log)
     if not first.cancelled() and first.exception() is not None:
         raise first.exception()  # type: ignore[misc]
     return first_name

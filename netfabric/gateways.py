@@ -21,7 +21,6 @@ place: a new process converges from the objects with the same slots.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass, replace
@@ -35,6 +34,7 @@ from kube.informers import Change, Informer
 from kube.logs import object_logger
 from kube.objects import ObjectKey, RawObject
 from kube.objects import annotations as annotations_of
+from kube.tasks import cancel_and_wait
 from netfabric.app import run_gateway
 from netfabric.gateway import GatewaySettings, leftovers
 from netfabric.ipam import DEFAULT_POOL
@@ -273,11 +273,7 @@ class Gateways:
                     return
         finally:
             tasks = [t for t in (watcher, waiting) if t is not None] + list(self.tasks.values())
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await cancel_and_wait(tasks, logger=logger)
 
     async def serve(self, *, watch: bool = True) -> None:
         """:meth:`run`, then raise LeftBehind when a teardown left anything."""

@@ -25,7 +25,6 @@ Leases expire, exactly as for a real kubelet that went away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import logging
 import os
@@ -46,6 +45,7 @@ from kube.logs import object_logger
 from kube.metrics import counter, gauge
 from kube.objects import VIRTUALNODES, ObjectKey, RawObject
 from kube.ports import free_port
+from kube.tasks import cancel_and_wait
 from kube.watching import Listed, watch_objects
 
 __all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor", "kubelet_command"]
@@ -197,9 +197,14 @@ class _Child:
         return code, _last_line(path)
 
     async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        """Stop the supervising task, then its process (SIGTERM, SIGKILL after the grace): the
+        process too when this caller is cancelled meanwhile, which it is told once both are."""
+        try:
+            await cancel_and_wait([self.task], logger=self.log)
+        finally:
+            await self._end_process()
+
+    async def _end_process(self) -> None:
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return

@@ -4,13 +4,13 @@ clear error at once when one fails for good, and a local agent's death noticed a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from kube.api import NETWORK_READY
 from kube.clients import KubeClient
 from kube.objects import FOREIGNCLUSTERS, RawObject
+from kube.tasks import cancel_and_wait
 from kube.watching import Listed, watch_objects
 
 from ..conditions import CHANGE_REFUSED, find_condition
@@ -104,10 +104,7 @@ class Follower:
                 raise UserError(str(task.result()))
             raise TimeoutError(self.waiting_for())
         finally:
-            for task in [main, *others]:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await cancel_and_wait([main, *others])
 
     def waiting_for(self) -> str:
         """The first step not done, with its condition's reason and message."""

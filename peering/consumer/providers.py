@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import SECRETS, RawObject, Resource
+from kube.tasks import cancel_and_wait
 from kube.watching import watch_objects
 
 from ..resources import identity_secret_name
@@ -130,9 +130,7 @@ class ProviderWatches:
     async def stop(self, provider_id: str) -> None:
         found = self._tasks.pop(provider_id, None)
         if found is not None:
-            found[1].cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await found[1]
+            await cancel_and_wait([found[1]], logger=logger)
 
     async def close(self) -> None:
         for provider_id in list(self._tasks):

@@ -95,3 +95,45 @@ async def _until(recorder: Recorder, key: str) -> None:
     while key not in recorder.done:
         recorder.changed.clear()
         await recorder.changed.wait()
+
+
+async def test_a_leader_cancelled_as_it_steps_down_stops_instead_of_campaigning_again(
+    provider_client: KubeClient,
+) -> None:
+    # with `suppress(CancelledError)` around the wait for its leader tasks, the cancellation was
+    # taken for theirs: run() went on to campaign again, and led again once the Lease was free
+    name = f"stepdown-{uuid.uuid4().hex[:6]}"
+    settings = LeaderElectionSettings(namespace=NAMESPACE, name=name, lease_seconds=2, renew_seconds=0.3,
+                                      identity="replica-a")  # fmt: skip
+    manager = Manager("stepdown", client=provider_client, probes_settings=ProbeSettings(port=-1),
+                      leader_election=settings)  # fmt: skip
+    leads, winding = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_stop() -> None:
+        leads.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            winding.set()
+            await asyncio.sleep(0.5)
+            raise
+
+    manager.add_task("slow", slow_to_stop)
+    running = asyncio.create_task(manager.run(handle_signals=False))
+    try:
+        await asyncio.wait_for(leads.wait(), 20)
+        lease = await provider_client.get(LEASES, name, NAMESPACE)
+        lease["spec"].update(holderIdentity="replica-b", renewTime=_micro(datetime.now(UTC)),
+                             leaseDurationSeconds=1)  # fmt: skip
+        await provider_client.replace(LEASES, name, lease, NAMESPACE)
+        await asyncio.wait_for(winding.wait(), 20)  # stepping down: its leader task winds down
+        running.cancel()
+        done, _ = await asyncio.wait({running}, timeout=10)
+        assert running in done, "the manager went on (campaigning again) after it was cancelled"
+        assert running.cancelled()
+    finally:
+        manager.stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(running, 10)
+        with contextlib.suppress(NotFound):
+            await provider_client.delete(LEASES, name, NAMESPACE)

@@ -116,3 +116,62 @@ async def test_sigterm_stops_this_process_but_not_through_a_fork() -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # this process: a graceful stop
     await asyncio.wait_for(running, 5)
     assert manager.received == signal.SIGTERM
+
+
+async def test_cancelled_while_stopping_it_still_stops_every_task_then_says_so() -> None:
+    # with `suppress(CancelledError)` around each await, run() returned normally here
+    manager = Manager("test", probes_settings=ProbeSettings(port=-1))
+    winding, ended = asyncio.Event(), list[str]()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            winding.set()
+            await asyncio.sleep(0.2)  # e.g. releasing a Lease
+            ended.append("slow")
+            raise
+
+    async def common() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("common")
+
+    manager.add_task("slow", slow_to_stop)  # leader-only: stopped before the common ones
+    manager.add_task("common", common, leader_only=False)
+    running = asyncio.create_task(manager.run(handle_signals=False))
+    await asyncio.sleep(0.05)
+    manager.stop()
+    await asyncio.wait_for(winding.wait(), 5)
+    running.cancel()
+    done, _ = await asyncio.wait({running}, timeout=5)
+    assert running in done and running.cancelled(), "the cancellation was swallowed"
+    assert ended == ["slow", "common"]
+
+
+async def test_cancelled_while_draining_it_drains_no_longer_but_stops_every_task() -> None:
+    # before, the drain's wait raised the cancellation straight out: the watches and the other
+    # tasks were left running, orphans of a manager that had returned
+    queue: KeyedQueue[str] = KeyedQueue("slow", settings=QueueSettings(workers=1, drain_timeout=30))
+    reconciler = Slow(30, expected=1)
+    manager = Manager("test", probes_settings=ProbeSettings(port=-1))
+    manager.add_controller(Controller("slow", queue, reconciler))
+    ended: list[str] = []
+
+    async def common() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append("common")
+
+    manager.add_task("common", common, leader_only=False)
+    running = asyncio.create_task(manager.run(handle_signals=False))
+    queue.add("a")
+    await asyncio.wait_for(reconciler.all_started.wait(), 5)
+    manager.stop()
+    await asyncio.sleep(0.1)  # draining: the reconcile has 30 s to go
+    running.cancel()
+    done, _ = await asyncio.wait({running}, timeout=5)
+    assert running in done and running.cancelled()
+    assert reconciler.finished == [] and ended == ["common"]

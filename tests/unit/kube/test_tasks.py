@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from kube.tasks import create_guarded_task, run_supervised, wait_set
+from kube.tasks import cancel_and_wait, create_guarded_task, run_supervised, wait_set
 
 
 async def forever(stopped: list[str], name: str) -> None:
@@ -99,3 +99,62 @@ async def test_wait_set_says_whether_the_event_came_in_time() -> None:
     asyncio.get_running_loop().call_later(0.01, event.set)
     assert await wait_set(event, 5) is True
     assert await wait_set(event, 0) is True  # set already: no wait at all
+
+
+async def winds_down(seconds: float, started: asyncio.Event, ended: list[str], name: str) -> None:
+    """Runs until cancelled, then takes ``seconds`` to clean up (a Lease released, a process
+    ended) before it lets the cancellation through."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        started.set()
+        await asyncio.sleep(seconds)
+        ended.append(name)
+        raise
+
+
+async def test_a_caller_cancelled_while_its_tasks_wind_down_is_cancelled_after_they_end() -> None:
+    # `task.cancel(); with suppress(CancelledError): await task` returns normally here: the
+    # caller's own cancellation is taken for the task's, and a loop around it runs on
+    winding, ended, after = asyncio.Event(), list[str](), list[str]()
+    task = asyncio.create_task(winds_down(0.2, winding, ended, "lease"), name="lease")
+
+    async def stopper() -> None:
+        while True:  # a loop that stops its child, then would go round again
+            await cancel_and_wait([task])
+            after.append("went on")
+            await asyncio.sleep(0)
+
+    caller = asyncio.create_task(stopper())
+    await asyncio.wait_for(winding.wait(), 5)
+    caller.cancel()
+    done, _ = await asyncio.wait({caller}, timeout=5)
+    assert caller in done and caller.cancelled(), "the caller's cancellation was swallowed"
+    assert ended == ["lease"], "the caller left before its task had ended"
+    assert after == []
+
+
+async def test_cancel_and_wait_logs_failures_and_leaves_done_tasks_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def fails_when_cancelled() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise RuntimeError("could not release the lease")
+
+    async def failed_before() -> None:
+        raise ValueError("the caller's business")
+
+    earlier = asyncio.create_task(failed_before(), name="earlier")
+    await asyncio.sleep(0)
+    assert earlier.done()
+    quiet = asyncio.create_task(forever([], "quiet"), name="quiet")
+    loud = asyncio.create_task(fails_when_cancelled(), name="renew-lease")
+    await asyncio.sleep(0)
+    await cancel_and_wait([earlier, quiet, loud], logger=logging.getLogger("t"))
+    assert quiet.cancelled() and loud.done() and not earlier.cancelled()
+    (record,) = caplog.records
+    assert record.getMessage() == "task renew-lease failed while stopping"
+    assert isinstance(record.exc_info[1], RuntimeError)  # type: ignore[index]
+    await cancel_and_wait([])  # nothing to do
