@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..localagents import agents_dir, all_agents, stop_agent
-from .common import emit
+from .common import add_output_argument, described, emit
 
 __all__ = ["add_parser"]
 
@@ -49,8 +49,20 @@ async def cmd_agents(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     agents = sub.add_parser(
-        "agents", help="list or stop the local controllers that `gpuferry peer` started (embedded mode)"
+        "agents",
+        help="list or stop the local controllers that `gpuferry peer` started (embedded mode)",
+        **described(
+            """In development mode (`gpuferry peer --agents local`, for clusters without gpuferry
+            installed) peer runs the controllers as background processes on this machine, one per
+            cluster and role, with their pid files and logs under $GPUFERRY_CACHE/agents
+            (~/.cache/gpuferry/agents). `agents` lists them, running or not; `agents stop` stops
+            them all (`gpuferry unpeer` stops a peering's own).""",
+            "gpuferry agents",
+            "gpuferry agents stop",
+        ),
     )
-    agents.add_argument("action", nargs="?", choices=["list", "stop"], default="list")
-    agents.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    agents.add_argument(
+        "action", nargs="?", choices=["list", "stop"], default="list", help="list (default) or stop"
+    )
+    add_output_argument(agents)
     agents.set_defaults(handler=cmd_agents)

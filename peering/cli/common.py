@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,7 +19,16 @@ from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.objects import NAMESPACES, Resource
 
-__all__ = ["Progress", "UserError", "emit", "format_resources", "kubeconfig_context_name", "parse_pairs"]
+__all__ = [
+    "Progress",
+    "UserError",
+    "add_output_argument",
+    "described",
+    "emit",
+    "format_resources",
+    "kubeconfig_context_name",
+    "parse_pairs",
+]
 
 
 class UserError(Exception):
@@ -74,6 +85,29 @@ def format_resources(resources: Mapping[str, Any] | None) -> str:
         return "-"
     order = sorted(resources, key=lambda r: (not is_accelerator(r), r))
     return ", ".join(f"{short_name(r) if is_accelerator(r) else r}={resources[r]}" for r in order)
+
+
+def add_output_argument(parser: argparse.ArgumentParser) -> None:
+    """``-o table|json|yaml``, the same for every command that prints something."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml"],
+        default="table",
+        help="table (default); json or yaml: the same facts, for scripts (progress stays on stderr)",
+    )
+
+
+def described(text: str, *examples: str) -> dict[str, Any]:
+    """``add_parser`` keywords for a command's own ``--help``: ``text`` (paragraphs apart by blank
+    lines) wrapped to 88 columns, then ``examples``, one command line each, as written. Pure."""
+    paragraphs = [textwrap.fill(" ".join(p.split()), 88) for p in text.strip().split("\n\n")]
+    epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples) if examples else None
+    return {
+        "description": "\n\n".join(paragraphs),
+        "epilog": epilog,
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
 
 
 def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:

@@ -31,7 +31,7 @@ from ..conditions import find_condition
 from ..kueue import cluster_queue, resource_flavor
 from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
 from ..virtualnodes import VIRTUALNODES
-from .common import UserError, emit
+from .common import UserError, add_output_argument, described, emit
 from .network_cmds import network_rows, render_rows
 from .tenant_cmds import policy_of
 
@@ -274,7 +274,8 @@ async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
                 "twinNamespaces": sorted(twins),
                 "gpus": {"granted": _n(granted), "used": _n(used)},
                 "accelerators": _accelerators(
-                    {k: format_quantity(v) for k, v in grants.items()}, twin_pods,
+                    {k: format_quantity(v) for k, v in grants.items()},
+                    twin_pods,
                     await _claims_of(client, twin_pods),
                 ),
                 "policy": {
@@ -433,9 +434,19 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "info",
         parents=[common],
         help="peers, roles, granted and used GPUs, virtual nodes, offloaded namespaces, the GPU pool",
+        **described(
+            """What this cluster takes part in, read from it alone: its cluster ID and roles; as a
+            consumer, each provider with its virtual node, whether it is ready (and why not), the
+            GPUs granted and in use, and the pool they make; the offloaded namespaces and their
+            twins; the network fabric's tunnels; as a provider, each consumer with its slices, the
+            GPUs it uses and its twin namespaces.""",
+            "gpuferry info --kubeconfig consumer.yaml",
+            "gpuferry info peer gpu-farm -o yaml",
+            "gpuferry info --kueue | kubectl apply -f -",
+        ),
     )
     info.add_argument("peer", nargs="*", metavar="peer NAME", help="only this peer: `info peer NAME`")
-    info.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(info)
     info.add_argument(
         "--kueue",
         action="store_true",

@@ -57,7 +57,7 @@ from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
 from ..podtrouble import IMAGE_TROUBLE, pod_trouble
 from ..waits import wait_gone
-from .common import Progress, UserError, emit, kubeconfig_context_name
+from .common import Progress, UserError, add_output_argument, described, emit, kubeconfig_context_name
 
 __all__ = [
     "add_install_arguments",
@@ -610,7 +610,7 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--helm", help="the helm binary (default: $GPUFERRY_HELM, PATH, make build-k8s's)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(parser)
 
 
 def add_uninstall_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -618,10 +618,23 @@ def add_uninstall_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "uninstall",
         parents=[common],
         help="remove gpuferry from a cluster (its release and namespace; --crds: the CRDs)",
+        **described(
+            """Remove gpuferry from this cluster: its Helm release, the offloading admission
+            policies its consumer agent made, and its namespace, waiting until that is gone. The
+            CRDs, and any objects of theirs, stay unless --crds is given.
+
+            A cluster that still peers is refused: run `gpuferry unpeer` first. With --force it is
+            uninstalled all the same, and the finalizers, virtual kubelet bindings and Nodes that
+            the uninstalled controllers would have cleaned up are removed here.""",
+            "gpuferry uninstall --kubeconfig consumer.yaml",
+            "gpuferry uninstall --kubeconfig provider.yaml --crds",
+        ),
     )
     un.add_argument("--crds", action="store_true", help="delete the CRDs too (and every object of theirs)")
     un.add_argument("--force", action="store_true", help="even while the cluster still peers")
-    un.add_argument("-n", "--namespace", default=SYSTEM_NAMESPACE)
+    un.add_argument(
+        "-n", "--namespace", default=SYSTEM_NAMESPACE, help=f"its namespace (default {SYSTEM_NAMESPACE})"
+    )
     un.add_argument("--helm", help="the helm binary (default: $GPUFERRY_HELM, PATH, make build-k8s's)")
     un.add_argument("--timeout", type=float, default=300.0, help="seconds to wait (default 300)")
     un.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -24,7 +24,7 @@ from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
 from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds, tenant_cmds
-from .common import UserError
+from .common import UserError, add_output_argument, described
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -122,16 +122,29 @@ def build_parser() -> argparse.ArgumentParser:
         "version",
         parents=[common],
         help="client version; with a cluster, its version and whether gpuferry's CRDs are installed",
+        **described(
+            """gpuferry's own version. Given a cluster (--kubeconfig or --context), also its API
+            server, its Kubernetes version, and which of gpuferry's CRDs it serves.""",
+            "gpuferry version",
+            "gpuferry version --kubeconfig consumer.yaml -o json",
+        ),
     )
-    ver.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(ver)
     ver.set_defaults(handler=cmd_version)
 
     install = sub.add_parser(
         "install",
         parents=[common],
         help="install gpuferry in a cluster with its Helm chart (`install crds`: only the CRDs)",
-        description="Install gpuferry's controllers in the cluster with its Helm chart (helm upgrade "
-        "--install), then wait until they are available. `gpuferry install crds` applies only the CRDs.",
+        **described(
+            """Install gpuferry's controllers in the cluster with its Helm chart (helm upgrade
+            --install), then wait until they are available. A provider lends GPUs, a consumer
+            borrows them through virtual nodes; a cluster may be both. Running it again upgrades
+            the release with the flags given. `gpuferry install crds` applies only the CRDs.""",
+            "gpuferry install --kubeconfig provider.yaml --role provider",
+            "gpuferry install --kubeconfig consumer.yaml --role consumer",
+            "gpuferry install --kubeconfig consumer.yaml crds",
+        ),
     )
     install_cmds.add_install_arguments(install)
     install.set_defaults(handler=cmd_install)
@@ -142,7 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub_common.add_argument("--kubeconfig", default=argparse.SUPPRESS, help="as for install")
     sub_common.add_argument("--context", default=argparse.SUPPRESS, help="as for install")
     crds = install_sub.add_parser(
-        "crds", parents=[sub_common], help="apply the CRDs (idempotent), wait until they are served"
+        "crds",
+        parents=[sub_common],
+        help="apply the CRDs (idempotent), wait until they are served",
+        **described(
+            """Apply gpuferry's CRDs (created, or updated to this version's) and wait until the API
+            server serves them; nothing else is installed. For clusters whose controllers are run
+            elsewhere (`gpuferry peer --agents local`), or to update the CRDs before the chart.""",
+            "gpuferry install --kubeconfig consumer.yaml crds",
+        ),
     )
     crds.add_argument("--timeout", type=float, default=60.0, help="seconds to wait (default: 60)")
     crds.add_argument("-q", "--quiet", action="store_true", help="no progress lines")

@@ -25,7 +25,7 @@ from ..network import (
     declaration_from_configmap,
     network_ready,
 )
-from .common import UserError, emit
+from .common import UserError, add_output_argument, described, emit
 
 __all__ = ["add_parser", "network_rows", "read_declarations"]
 
@@ -142,6 +142,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "status",
         parents=[common],
         help="one line per peer: endpoint, handshake age, bytes, remapped CIDRs",
+        **described(
+            """One line per peer of this cluster's network fabric, from its PeerNetworks: whether
+            the tunnel is ready (and why not), the peer's gateway endpoint, the age of the last
+            WireGuard handshake and the bytes received and sent; then, per peer, the CIDRs its pod
+            and service networks are seen as here (remapped where they overlap this cluster's).""",
+            "gpuferry network status --kubeconfig consumer.yaml",
+        ),
     )
-    status.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(status)
     status.set_defaults(handler=cmd_network_status)

@@ -38,7 +38,7 @@ from ..crds import ensure_crds
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from ..virtualnodes import VIRTUALNODES
 from ..waits import wait_until
-from .common import Progress, UserError, delete_and_wait, emit
+from .common import Progress, UserError, add_output_argument, delete_and_wait, described, emit
 
 __all__ = ["add_parsers"]
 
@@ -233,7 +233,7 @@ async def cmd_unoffload(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each step (120)")
-    shared.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(shared)
     shared.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
     offload = sub.add_parser("offload", help="offload a namespace to the peered providers")
@@ -242,8 +242,22 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "namespace",
         parents=[common, shared],
         help="make the pods of NAMESPACE eligible for virtual nodes and create its twin namespaces",
+        **described(
+            """Offload NAMESPACE of this (consumer) cluster: each peered provider (or those named
+            with --provider) makes a twin namespace for it, and from then on every pod created in
+            NAMESPACE may be scheduled on a virtual node (with --pod-offloading-strategy Remote: on
+            virtual nodes only) where its requests fit, GPUs included. A pod placed there runs as a
+            twin pod in the twin namespace on the provider; its status, logs and exec come back here.
+
+            It waits until every twin namespace is ready and the API server applies the offloading
+            rule in NAMESPACE. Pods created before are not moved. If a provider refuses, nothing is
+            left behind and its reason is printed. Idempotent: running it again with the same flags
+            shows the state. `gpuferry unoffload namespace` undoes it.""",
+            "gpuferry offload namespace ml-team --kubeconfig consumer.yaml",
+            "gpuferry offload namespace ml-team --pod-offloading-strategy Remote --provider gpu-farm",
+        ),
     )
-    ns.add_argument("namespace", metavar="NAMESPACE")
+    ns.add_argument("namespace", metavar="NAMESPACE", help="the namespace whose pods may be offloaded")
     ns.add_argument(
         "--pod-offloading-strategy",
         choices=["LocalAndRemote", "Remote"],
@@ -271,6 +285,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "namespace",
         parents=[common, shared],
         help="remove its pods from virtual nodes, its twin namespaces, and its offloading",
+        **described(
+            """Stop offloading NAMESPACE: its pods on virtual nodes are deleted (their twins on the
+            providers first), its twin namespaces withdrawn, and its NamespaceOffloading deleted.
+            Pods on the cluster's own nodes are left alone; new pods (a Job's, a Deployment's) stay
+            on local nodes from then on.
+
+            It waits until the consumer agent has done all that (a twin namespace takes its provider
+            5 s or more to delete).""",
+            "gpuferry unoffload namespace ml-team --kubeconfig consumer.yaml",
+        ),
     )
-    uns.add_argument("namespace", metavar="NAMESPACE")
+    uns.add_argument("namespace", metavar="NAMESPACE", help="an offloaded namespace of this cluster")
     uns.set_defaults(handler=cmd_unoffload)

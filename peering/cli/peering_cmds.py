@@ -51,7 +51,9 @@ from ..waits import wait_until
 from .common import (
     Progress,
     UserError,
+    add_output_argument,
     delete_and_wait,
+    described,
     emit,
     ensure_namespace,
     format_resources,
@@ -718,7 +720,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "clusters; local: run them on this machine as background processes instead (development "
         "mode, for clusters without gpuferry installed); none: start nothing, whatever runs",
     )
-    remote.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    add_output_argument(remote)
     remote.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
     peer = sub.add_parser(
@@ -726,9 +728,22 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         parents=[common, remote],
         help="peer this (consumer) cluster with a provider: authenticate, negotiate a GPU slice, "
         "start a virtual node",
-        description="Peer the consumer cluster (--kubeconfig) with a provider (--remote-kubeconfig): the "
-        "provider issues the consumer an identity limited to its tenant, grants a slice of its GPUs, and "
-        "the consumer gets a virtual node advertising them. Idempotent: running it again shows the state.",
+        **described(
+            """Peer the consumer cluster (--kubeconfig) with a provider (--remote-kubeconfig): the
+            provider issues the consumer an identity limited to its tenant and grants a slice of
+            its GPUs, and the consumer gets a virtual node advertising them, plus (unless
+            --no-network) a WireGuard tunnel between the two clusters' pod networks.
+
+            It waits for each step and prints it; a provider that cannot grant what is asked says
+            why (--allow-partial takes what there is). Idempotent: running it again shows the
+            state, or changes the slice asked for. Then offload a namespace to use it.""",
+            "gpuferry peer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml --gpus 4",
+            "gpuferry peer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml --gpus 2 "
+            "--selector nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 --tolerate nvidia.com/gpu:NoSchedule",
+            "gpuferry peer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml "
+            "--resource nvidia.com/mig-1g.10gb=7",
+            "gpuferry offload namespace ml-team --kubeconfig consumer.yaml",
+        ),
     )
     peer.add_argument(
         "--gpus",
@@ -794,5 +809,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         "unpeer",
         parents=[common, remote],
         help="undo a peering: virtual node, grant, identity, tenant; nothing is left behind",
+        **described(
+            """Undo `gpuferry peer` on both clusters at once: the consumer (--kubeconfig) loses the
+            virtual node and the pods on it (their twins are deleted on the provider), the provider
+            (--remote-kubeconfig) revokes the grant, the consumer's identity and its tenant with
+            the twin namespaces, and the network fabric between them is taken down.
+
+            It waits until every namespace it deletes is gone and lists what it removed; if a
+            gateway left anything of the tunnel behind, that is named and the exit status is 1.
+            Clusters that are not peered are left as they are.""",
+            "gpuferry unpeer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml",
+        ),
     )
     unpeer.set_defaults(handler=cmd_unpeer)

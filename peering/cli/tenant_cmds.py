@@ -27,7 +27,7 @@ from kube.objects import NAMESPACES, RawObject
 
 from ..provider.admission import APPROVED_SELECTOR_ANNOTATION, MAX_RESOURCES_ANNOTATION
 from ..resources import TENANTS, tenant_namespace
-from .common import UserError, emit, parse_pairs
+from .common import UserError, add_output_argument, described, emit, parse_pairs
 from .peering_cmds import check_quantity, check_selector
 
 __all__ = ["add_parser", "parse_cidrs", "parse_limits", "policy_of"]
@@ -155,20 +155,49 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     actions = tenant.add_subparsers(dest="action", required=True, metavar="ACTION")
     out = argparse.ArgumentParser(add_help=False)
     out.add_argument("consumer", metavar="CONSUMER", help="the consumer's cluster ID (`gpuferry info`)")
-    out.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
-    limit = actions.add_parser("limit", parents=[common, out], help="the most the consumer may ask for")
+    add_output_argument(out)
+    limit = actions.add_parser(
+        "limit",
+        parents=[common, out],
+        help="the most the consumer may ask for",
+        **described(
+            """The most CONSUMER may ask for, resource by resource; a peering or change beyond it is
+            refused with the limit in the reason. Run with the provider's kubeconfig.""",
+            "gpuferry tenant limit ml-eu --max nvidia.com/gpu=8,cpu=64 --kubeconfig provider.yaml",
+            "gpuferry tenant limit ml-eu --unlimited --kubeconfig provider.yaml",
+        ),
+    )
     limit.add_argument("--max", metavar="RESOURCE=QUANTITY[,...]", help="e.g. nvidia.com/gpu=8,cpu=64")
     limit.add_argument("--unlimited", action="store_true", help="lift the limit")
     approve = actions.add_parser(
-        "approve", parents=[common, out], help="let the consumer move its slice to other nodes"
+        "approve",
+        parents=[common, out],
+        help="let the consumer move its slice to other nodes",
+        **described(
+            """Let CONSUMER move its slice to the provider nodes with these labels (a GPU product),
+            which it may not do by itself; its agent tries a refused change again every 10 s, so an
+            approval takes effect within seconds. --withdraw takes the approval back.""",
+            "gpuferry tenant approve ml-eu --selector nvidia.com/gpu.product=NVIDIA-L4 "
+            "--kubeconfig provider.yaml",
+        ),
     )
     approve.add_argument(
         "--selector", action="append", metavar="LABEL=VALUE", help="the nodes it may move to, repeatable"
     )
     approve.add_argument("--withdraw", action="store_true", help="take the approval back")
     accept = actions.add_parser(
-        "accept-network", parents=[common, out], help="the consumer CIDRs this provider's gateway routes"
+        "accept-network",
+        parents=[common, out],
+        help="the consumer CIDRs this provider's gateway routes",
+        **described(
+            """The pod and service CIDRs of CONSUMER that this provider's gateway routes from now
+            on (a consumer cannot widen them by itself).""",
+            "gpuferry tenant accept-network ml-eu --pod-cidrs 10.244.0.0/16 --service-cidrs 10.96.0.0/16 "
+            "--kubeconfig provider.yaml",
+        ),
     )
-    accept.add_argument("--pod-cidrs", metavar="CIDR[,CIDR]", required=True)
-    accept.add_argument("--service-cidrs", metavar="CIDR[,CIDR]", required=True)
+    accept.add_argument("--pod-cidrs", metavar="CIDR[,CIDR]", required=True, help="the consumer's pod CIDRs")
+    accept.add_argument(
+        "--service-cidrs", metavar="CIDR[,CIDR]", required=True, help="the consumer's service CIDRs"
+    )
     tenant.set_defaults(handler=cmd_tenant)
