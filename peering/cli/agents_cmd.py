@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..localagents import agents_dir, all_agents, stop_agent
-from .common import add_output_argument, described, emit
+from .common import add_output_argument, described, emit, fold_table
 
 __all__ = ["add_parser"]
 
@@ -33,11 +33,7 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     ]
 
     def table(console: Any) -> None:
-        from rich.table import Table
-
-        t = Table(title=f"local agents ({agents_dir()})")
-        for col in ("role", "cluster", "running", "log"):
-            t.add_column(col)
+        t = fold_table(["role", "cluster", "running", "log"], title=f"local agents ({agents_dir()})")
         for r in rows:
             running = f"pid {r['pid']}" if r["pid"] else "no"
             t.add_row(str(r["role"]), str(r["cluster"]), running, str(r["log"]))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -19,12 +20,18 @@ from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.objects import NAMESPACES, Resource
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
 __all__ = [
     "Progress",
     "UserError",
     "add_output_argument",
+    "console",
     "described",
     "emit",
+    "fold_table",
     "format_resources",
     "kubeconfig_context_name",
     "parse_pairs",
@@ -110,6 +117,32 @@ def described(text: str, *examples: str) -> dict[str, Any]:
     }
 
 
+UNBOUNDED_WIDTH = 1000
+"""The width of tables and lines written to a pipe or a file (``gpuferry info | less``, a CI
+log): as wide as their contents. rich's default there, 80 columns, cut IDs, GPU products and
+dates to ``gpu-f…``."""
+
+
+def console() -> Console:
+    """Where tables go: stdout, as wide as the terminal (or ``$COLUMNS``); unbounded when stdout
+    is not a terminal."""
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+    return Console(width=UNBOUNDED_WIDTH if wide else None)
+
+
+def fold_table(columns: Iterable[str], *, title: str | None = None, **options: Any) -> Table:
+    """A rich Table whose cells fold onto more lines where the terminal is too narrow, rather
+    than end in ``…``: what they hold (IDs, namespaces, CIDRs) is what people copy."""
+    from rich.table import Table
+
+    t = Table(title=title, **options)
+    for column in columns:
+        t.add_column(column, overflow="fold")
+    return t
+
+
 def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:
     """Print ``data`` as JSON or YAML, or call ``render_table(console)`` for a table."""
     if output == "json":
@@ -117,9 +150,7 @@ def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:
     elif output == "yaml":
         print(yaml.safe_dump(dict(data), sort_keys=True), end="")
     else:
-        from rich.console import Console
-
-        render_table(Console())
+        render_table(console())
 
 
 async def ensure_namespace(client: KubeClient, name: str) -> None:

@@ -31,7 +31,7 @@ from ..conditions import find_condition
 from ..kueue import cluster_queue, resource_flavor
 from ..resources import GPUSLICES, LABEL_TENANT, NAMESPACEOFFLOADINGS, TENANTS
 from ..virtualnodes import VIRTUALNODES
-from .common import UserError, add_output_argument, described, emit
+from .common import UserError, add_output_argument, described, emit, fold_table
 from .network_cmds import network_rows, render_rows
 from .tenant_cmds import policy_of
 
@@ -337,25 +337,25 @@ async def collect(client: KubeClient, peer: str | None = None) -> dict[str, Any]
 
 
 def _render(data: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
 
     roles = " and ".join(data["roles"]) or "not peered"
     name = data["cluster"]["id"] or "(no gpuferry cluster ID)"
     console.print(f"[bold]{name}[/] ({data['cluster']['server']}): {roles}")
     if data["providers"]:
-        t = Table(title="providers (GPUs borrowed)")
-        for col in (
-            "provider",
-            "virtual node",
-            "ready",
-            "GPU",
-            "granted",
-            "used",
-            "largest block",
-            "accelerators (used/granted)",
-            "identity until",
-        ):
-            t.add_column(col)
+        t = fold_table(
+            [
+                "provider",
+                "virtual node",
+                "ready",
+                "GPU",
+                "granted",
+                "used",
+                "largest block",
+                "accelerators (used/granted)",
+                "identity until",
+            ],
+            title="providers (GPUs borrowed)",
+        )
         for p in data["providers"]:
             t.add_row(
                 p["id"],
@@ -385,9 +385,7 @@ def _render(data: dict[str, Any], console: Any) -> None:
         if shared:
             console.print(f"slices and shares of GPUs (used/granted): {_usage(shared)}")
     if data["offloadedNamespaces"]:
-        t = Table(title="offloaded namespaces")
-        for col in ("namespace", "strategy", "twin namespaces"):
-            t.add_column(col)
+        t = fold_table(["namespace", "strategy", "twin namespaces"], title="offloaded namespaces")
         for o in data["offloadedNamespaces"]:
             twins = ", ".join(f"{r['provider']}: {r['namespace']}" for r in o["remoteNamespaces"]) or "-"
             t.add_row(o["namespace"], str(o["podOffloadingStrategy"]), twins)
@@ -395,10 +393,9 @@ def _render(data: dict[str, Any], console: Any) -> None:
     if data["network"]:
         render_rows(data["network"], console)
     if data["consumers"]:
-        t = Table(title="consumers (GPUs lent)")
-        for col in ("consumer", "authenticated", "slices", "granted", "used", "accelerators (used/granted)",
-                    "twin namespaces"):  # fmt: skip
-            t.add_column(col)
+        columns = ["consumer", "authenticated", "slices", "granted", "used", "accelerators (used/granted)",
+                   "twin namespaces"]  # fmt: skip
+        t = fold_table(columns, title="consumers (GPUs lent)")
         for c in data["consumers"]:
             slices = ", ".join(f"{s['name']}: {s['phase']}" for s in c["slices"]) or "-"
             t.add_row(

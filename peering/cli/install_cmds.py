@@ -57,7 +57,15 @@ from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
 from ..podtrouble import IMAGE_TROUBLE, pod_trouble
 from ..waits import wait_gone
-from .common import Progress, UserError, add_output_argument, described, emit, kubeconfig_context_name
+from .common import (
+    Progress,
+    UserError,
+    add_output_argument,
+    described,
+    emit,
+    fold_table,
+    kubeconfig_context_name,
+)
 
 __all__ = [
     "add_install_arguments",
@@ -460,11 +468,9 @@ async def cmd_install(args: argparse.Namespace) -> int:
     }
 
     def table(console: Any) -> None:
-        from rich.table import Table
-
-        t = Table(title=f"gpuferry installed: cluster {cluster_id} ({', '.join(roles)})")
-        for col in ("COMPONENT", "READY"):
-            t.add_column(col)
+        t = fold_table(
+            ["COMPONENT", "READY"], title=f"gpuferry installed: cluster {cluster_id} ({', '.join(roles)})"
+        )
         for c in components:
             t.add_row(c["name"], f"{c['ready']}/{c['replicas']}")
         console.print(t)

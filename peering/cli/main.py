@@ -24,7 +24,7 @@ from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
 from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds, tenant_cmds
-from .common import UserError, add_output_argument, described
+from .common import UserError, add_output_argument, console, described, fold_table
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -43,13 +43,10 @@ def _emit(data: dict[str, Any], output: str, table: list[tuple[str, str]]) -> No
     elif output == "yaml":
         print(yaml.safe_dump(data, sort_keys=True), end="")
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        t = Table(show_header=False, box=None)
+        t = fold_table(["", ""], show_header=False, box=None)
         for key, value in table:
             t.add_row(f"[bold]{key}[/]", value)
-        Console().print(t)
+        console().print(t)
 
 
 async def cmd_version(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from ..network import (
     declaration_from_configmap,
     network_ready,
 )
-from .common import UserError, add_output_argument, described, emit
+from .common import UserError, add_output_argument, described, emit, fold_table
 
 __all__ = ["add_parser", "network_rows", "read_declarations"]
 
@@ -106,14 +106,12 @@ async def network_rows(client: KubeClient) -> list[dict[str, Any]]:
 
 
 def render_rows(rows: list[dict[str, Any]], console: Any) -> None:
-    from rich.table import Table
 
     if not rows:
         console.print("network: no peer networks (peered with --no-network, or not peered)")
         return
-    t = Table(title="network fabric (WireGuard tunnels)")
-    for col in ("peer", "ready", "endpoint", "handshake", "bytes in/out"):
-        t.add_column(col, overflow="fold")
+    t = fold_table(["peer", "ready", "endpoint", "handshake", "bytes in/out"],
+                   title="network fabric (WireGuard tunnels)")  # fmt: skip
     for r in rows:
         t.add_row(
             str(r["peer"]),

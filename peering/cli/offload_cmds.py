@@ -38,7 +38,7 @@ from ..crds import ensure_crds
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from ..virtualnodes import VIRTUALNODES
 from ..waits import wait_until
-from .common import Progress, UserError, add_output_argument, delete_and_wait, described, emit
+from .common import Progress, UserError, add_output_argument, delete_and_wait, described, emit, fold_table
 
 __all__ = ["add_parsers"]
 
@@ -189,11 +189,9 @@ async def cmd_offload(args: argparse.Namespace) -> int:
     }
 
     def table(console: Any) -> None:
-        from rich.table import Table
-
-        t = Table(title=f"namespace {ns} offloaded ({args.pod_offloading_strategy})")
-        for col in ("provider", "twin namespace"):
-            t.add_column(col)
+        t = fold_table(
+            ["provider", "twin namespace"], title=f"namespace {ns} offloaded ({args.pod_offloading_strategy})"
+        )
         for r in remote:
             t.add_row(r["clusterID"], r.get("remoteNamespace", "-"))
         console.print(t)

@@ -56,6 +56,7 @@ from .common import (
     described,
     emit,
     ensure_namespace,
+    fold_table,
     format_resources,
     kubeconfig_context_name,
     parse_pairs,
@@ -541,9 +542,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
     }
 
     def table(console: Any) -> None:
-        from rich.table import Table
-
-        t = Table(title=f"{consumer_id} ⟶ {provider_id}", show_header=False, box=None)
+        t = fold_table(["", ""], title=f"{consumer_id} ⟶ {provider_id}", show_header=False, box=None)
         t.add_row("[bold]identity[/]", f"{identity.get('username')} until {identity.get('notAfter')}")
         t.add_row("[bold]slice[/]", f"{sl.get('phase')}: {format_resources(sl.get('granted'))}")
         t.add_row("[bold]largest block[/]", format_resources(sl.get("largestBlock")))

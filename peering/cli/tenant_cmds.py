@@ -27,7 +27,7 @@ from kube.objects import NAMESPACES, RawObject
 
 from ..provider.admission import APPROVED_SELECTOR_ANNOTATION, MAX_RESOURCES_ANNOTATION
 from ..resources import TENANTS, tenant_namespace
-from .common import UserError, add_output_argument, described, emit, parse_pairs
+from .common import UserError, add_output_argument, described, emit, fold_table, parse_pairs
 from .peering_cmds import check_quantity, check_selector
 
 __all__ = ["add_parser", "parse_cidrs", "parse_limits", "policy_of"]
@@ -111,9 +111,8 @@ async def cmd_tenant(args: argparse.Namespace) -> int:
     policy = policy_of(tenant, namespace)
 
     def table(console: Any) -> None:
-        from rich.table import Table
-
-        view = Table(title=f"tenant {policy['consumer']} ({policy['tenantNamespace']})", show_header=False)
+        view = fold_table(["", ""], title=f"tenant {policy['consumer']} ({policy['tenantNamespace']})",
+                          show_header=False)  # fmt: skip
         accepted = policy["acceptedNetwork"] or {}
         rows = [
             ("may ask for at most", policy["maxResources"] or "no limit"),
