@@ -349,6 +349,46 @@ async def test_kubectl_logs_of_an_offloaded_pod_are_the_twins_logs(
         assert follow.returncode is None  # still following
 
 
+async def test_a_log_the_provider_cannot_give_says_why_as_the_provider_did(
+    vk: VirtualKubelet,
+    offloaded: Offloaded,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    consumer_client: KubeClient,
+) -> None:
+    # a Status in JSON from the kubelet API came out of kubectl raw: Error from server
+    # (BadRequest): {"kind": "Status", "apiVersion": "v1", ... "message": "provider API server: ...
+    ns, name = offloaded.namespace, "no-logs"
+    toleration = {"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}
+    body: RawObject = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "nodeName": vk.node,
+            "tolerations": [toleration],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+    await consumer_client.create(PODS, body, ns)
+    await wait_for(
+        consumer_client,
+        PODS,
+        name,
+        lambda p: p.get("status", {}).get("phase") == "Running" and p["spec"].get("nodeName") == vk.node,
+        namespace=ns,
+        timeout=60,
+    )
+    # kwok has no Logs object for this twin: the provider says so
+    prc, _, perr = await Kubectl(provider)("logs", "-n", offloaded.twin_namespace, name)
+    assert prc != 0 and perr.startswith("Error from server (BadRequest): "), perr
+    said = perr.strip().removeprefix("Error from server (BadRequest): ")
+    rc, _, err = await Kubectl(consumer)("logs", "-n", ns, name)
+    assert rc != 0
+    assert err.strip() == f"Error from server (BadRequest): provider: {said}"
+
+
 async def test_kubectl_exec_returns_output_and_exit_status(
     vk: VirtualKubelet, offloaded: Offloaded, consumer: LocalCluster, provider: LocalCluster
 ) -> None:

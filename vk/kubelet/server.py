@@ -75,20 +75,35 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     )
 
 
-def _twin(request: web.Request) -> tuple[RawObject, RawObject] | web.Response:
+Answer = Callable[[int, str, str], web.Response]
+"""How a route answers an error: (code, reason, message)."""
+
+
+def _text(code: int, reason: str, message: str) -> web.Response:
+    """An error of a plain GET (logs) as the kubelet writes one (go-restful's WriteError): its
+    message as text. The API server gives a 400's or a 500's text to the client as the message
+    (kubectl: ``Error from server (BadRequest): …``); a Status in JSON was shown raw."""
+    del reason
+    return web.Response(status=code, text=message, content_type="text/plain")
+
+
+def _twin(request: web.Request, answer: Answer = _status) -> tuple[RawObject, RawObject] | web.Response:
     """The consumer pod named by the path and its twin, or the error answer."""
     ctx = request.app[CONTEXT]
     ns, name = request.match_info["namespace"], request.match_info["pod"]
     key = ObjectKey(ns, name)
     pod = ctx.local_pod(key)
     if pod is None:
-        return _status(404, "NotFound", f"pod {ns}/{name} is not on node {ctx.node_name}")
+        return answer(404, "NotFound", f"pod {ns}/{name} is not on node {ctx.node_name}")
     uid = request.match_info.get("uid")
     if uid and pod["metadata"].get("uid") != uid:
-        return _status(404, "NotFound", f"pod {ns}/{name} with UID {uid} is not on node {ctx.node_name}")
+        return answer(404, "NotFound", f"pod {ns}/{name} with UID {uid} is not on node {ctx.node_name}")
     twin = ctx.twin_pod(key)
     if twin is None:
-        return _status(404, "NotFound", f"pod {ns}/{name} has no twin on the provider yet")
+        # 400, as the kubelet answers for a container not started: the API server keeps the text
+        code = 400 if answer is _text else 404
+        waiting = f"pod {ns}/{name} is waiting to start: it has no twin on the provider yet"
+        return answer(code, "NotFound", waiting)
     return pod, twin
 
 
@@ -98,7 +113,7 @@ def _twin_path(twin: RawObject, sub: str) -> str:
 
 
 async def container_logs(request: web.Request) -> web.StreamResponse:
-    found = _twin(request)
+    found = _twin(request, _text)
     if isinstance(found, web.Response):
         return found
     _, twin = found
@@ -121,8 +136,10 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except KubeError as exc:
-        code = exc.status if exc.status and 400 <= exc.status < 600 else 502
-        return _status(code, exc.reason or "ProviderError", f"provider API server: {exc}")
+        # the provider's own words, e.g. 'container "main" in pod "ns/x" is waiting to start';
+        # any 4xx as 400 and anything else as 500, the two the API server passes on with the text
+        code = 400 if exc.status and 400 <= exc.status < 500 else 500
+        return _text(code, exc.reason or "ProviderError", f"provider: {exc.message}")
 
 
 async def exec_(request: web.Request) -> web.StreamResponse:
