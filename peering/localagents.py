@@ -13,13 +13,17 @@ starts them here instead, one per cluster and role:
 Each is detached from the terminal (its own session), logs to a file, and is recorded in
 ``$GPUFERRY_CACHE/agents/<role>-<cluster>/`` (``pid``, ``cmdline``, ``log``), where
 ``<cluster>`` is the cluster's ID; a second ``ensure`` finds it alive and does nothing. An agent
-whose process died is started again; ``stop`` ends it (SIGTERM, then SIGKILL).
+whose process died is started again; ``stop`` ends it (SIGTERM, then SIGKILL). An agent whose
+kubeconfig, or a file it names, changed since it started (the cluster was made again: new CA,
+new credentials, same paths) is started again too: it would only fail TLS against the new
+cluster, and ``peer`` waited for it until its timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -28,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 __all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "exited", "find_agent", "stop_agent"]
 
@@ -46,6 +52,8 @@ class Agent:
     kubeconfig: str
     args: tuple[str, ...] = ()
     """Role-specific arguments (a gateway's)."""
+    kubeconfig_sha256: str = ""
+    """The kubeconfig's contents when the agent was started ("": not known)."""
 
     @property
     def directory(self) -> Path:
@@ -94,6 +102,7 @@ def _load(directory: Path) -> Agent | None:
             cluster_id=data["cluster_id"],
             kubeconfig=data["kubeconfig"],
             args=tuple(data.get("args") or ()),
+            kubeconfig_sha256=data.get("kubeconfig_sha256") or "",
         )
     except (OSError, ValueError, KeyError):
         return None
@@ -111,16 +120,58 @@ def find_agent(role: str, cluster_id: str) -> Agent | None:
     return _load(agents_dir() / f"{role}-{cluster_id}")
 
 
+_FILE_FIELDS = ("certificate-authority", "client-certificate", "client-key", "tokenFile")
+
+
+def _fingerprint(kubeconfig: str) -> str:
+    """A digest of the kubeconfig and of the files it names (a CA, a client certificate and key,
+    a token file: ``hack/``'s clusters name theirs, which are made anew with the cluster while
+    the kubeconfig stays the same). "" when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        raw = Path(kubeconfig).read_bytes()
+    except OSError:
+        return ""
+    digest.update(raw)
+    try:
+        config = yaml.safe_load(raw) or {}
+    except yaml.YAMLError:
+        config = {}
+    entries = [
+        (item or {}).get(key) or {}
+        for section, key in (("clusters", "cluster"), ("users", "user"))
+        for item in (config.get(section) or [] if isinstance(config, dict) else [])
+    ]
+    for entry in entries:
+        for field in _FILE_FIELDS:
+            name = entry.get(field) if isinstance(entry, dict) else None
+            if isinstance(name, str) and name:
+                referenced = Path(kubeconfig).parent / name  # an absolute name stays as it is
+                digest.update(f"\0{field}={referenced}\0".encode())
+                with contextlib.suppress(OSError):
+                    digest.update(referenced.read_bytes())
+    return digest.hexdigest()
+
+
 def ensure_agent(
     role: str, cluster_id: str, kubeconfig: str | os.PathLike[str], *, args: tuple[str, ...] = ()
 ) -> tuple[Agent, bool]:
     """Start the agent unless it runs already; returns it and whether it was started now."""
-    agent = Agent(role=role, cluster_id=cluster_id, kubeconfig=str(Path(kubeconfig).resolve()), args=args)
+    path = str(Path(kubeconfig).resolve())
+    agent = Agent(
+        role=role, cluster_id=cluster_id, kubeconfig=path, args=args, kubeconfig_sha256=_fingerprint(path)
+    )
     existing = _load(agent.directory)
     if existing is not None and existing.pid() is not None:
-        if existing.kubeconfig == agent.kubeconfig and existing.args == agent.args:
+        if (existing.kubeconfig, existing.args, existing.kubeconfig_sha256) == (
+            agent.kubeconfig,
+            agent.args,
+            agent.kubeconfig_sha256,
+        ):
             return existing, False
-        stop_agent(existing)  # the same cluster through another kubeconfig: the new one wins
+        # the same cluster through another kubeconfig, or its kubeconfig changed (the cluster was
+        # made again): the agent reads it once, at its start, so a new one replaces it
+        stop_agent(existing)
     agent.directory.mkdir(parents=True, exist_ok=True)
     command = agent.command()
     with agent.log.open("ab") as log:
@@ -133,7 +184,13 @@ def ensure_agent(
     (agent.directory / "pid").write_text(str(proc.pid))
     (agent.directory / "agent.json").write_text(
         json.dumps(
-            {"role": role, "cluster_id": cluster_id, "kubeconfig": agent.kubeconfig, "args": list(args)}
+            {
+                "role": role,
+                "cluster_id": cluster_id,
+                "kubeconfig": agent.kubeconfig,
+                "args": list(args),
+                "kubeconfig_sha256": agent.kubeconfig_sha256,
+            }
         )
     )
     return agent, True

@@ -65,3 +65,41 @@ def test_a_just_started_process_is_read_with_its_arguments() -> None:
     time.sleep(0.2)  # a zombie (not waited for yet) has no arguments
     assert _cmdline(exited.pid) == []
     exited.wait()
+
+
+def test_an_agent_whose_kubeconfig_changed_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cluster made again (make down, make demo): the same kubeconfig, naming the same CA and
+    client certificate files, with new contents. The agent, which read the old ones, only fails
+    TLS against the new cluster; it was reused all the same, and `gpuferry peer` waited for it
+    until its timeout (151 s)."""
+    monkeypatch.setenv("GPUFERRY_CACHE", str(tmp_path))
+    monkeypatch.setitem(localagents.ROLES, "sleeper", "tests.unit.peering.sleeper")
+    kubeconfig, ca = tmp_path / "kubeconfig", tmp_path / "pki" / "ca.crt"
+    ca.parent.mkdir()
+    ca.write_text("first CA\n")
+    kubeconfig.write_text(
+        "clusters:\n- name: c1\n  cluster:\n    server: https://127.0.0.1:1\n"
+        "    certificate-authority: pki/ca.crt\n"
+    )
+    agent, started = ensure_agent("sleeper", "c1", kubeconfig)
+    assert started
+    try:
+        assert ensure_agent("sleeper", "c1", kubeconfig) == (agent, False), "nothing changed: reused"
+        for change in (lambda: ca.write_text("second CA\n"), lambda: kubeconfig.write_text("clusters: []\n")):
+            old = agent.pid()
+            assert old is not None
+            change()
+            agent, started = ensure_agent("sleeper", "c1", kubeconfig)
+            assert started, "the agent of the old cluster was reused"
+            assert agent.pid() not in (None, old)
+            for _ in range(200):
+                if not _alive(old):
+                    break
+                time.sleep(0.05)
+            assert not _alive(old), "the old agent is stopped"
+        assert ensure_agent("sleeper", "c1", kubeconfig) == (agent, False)
+    finally:
+        for running in all_agents():
+            stop_agent(running, grace=2)
