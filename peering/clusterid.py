@@ -19,6 +19,8 @@ from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
 from kube.objects import CONFIGMAPS, NAMESPACES
 
+from .waits import held_by
+
 __all__ = [
     "CLUSTER_ID_CONFIGMAP",
     "SYSTEM_NAMESPACE",
@@ -74,7 +76,9 @@ async def _wait_not_terminating(client: KubeClient, timeout: float = 120.0) -> N
         if not ns["metadata"].get("deletionTimestamp"):
             return
         if asyncio.get_running_loop().time() > deadline:
-            raise ClusterIDError(f"namespace {SYSTEM_NAMESPACE} is still terminating after {timeout:.0f}s")
+            raise ClusterIDError(
+                f"namespace {SYSTEM_NAMESPACE} is still terminating after {timeout:.0f}s{held_by(ns)}"
+            )
         await asyncio.sleep(0.5)
 
 

@@ -9,7 +9,16 @@ from kube.clients import KubeClient
 from kube.objects import RawObject, Resource
 from kube.watching import Listed, watch_objects
 
-__all__ = ["PeeringError", "Progress", "quiet", "wait_gone", "wait_none", "wait_until"]
+__all__ = [
+    "PeeringError",
+    "Progress",
+    "StillThere",
+    "held_by",
+    "quiet",
+    "wait_gone",
+    "wait_none",
+    "wait_until",
+]
 
 Progress = Callable[[str], None]
 """Called with one line per step done (the CLI prints them)."""
@@ -17,6 +26,14 @@ Progress = Callable[[str], None]
 
 class PeeringError(Exception):
     """A peering step cannot complete; the message is one line for the user."""
+
+
+class StillThere(PeeringError):
+    """An object waited for to go is still there; ``held`` says what holds it (:func:`held_by`)."""
+
+    def __init__(self, message: str, held: str = "") -> None:
+        super().__init__(message + held)
+        self.held = held
 
 
 def quiet(_: str) -> None:
@@ -62,12 +79,34 @@ async def wait_until(
         raise PeeringError(f"{what} not ready after {timeout:.0f}s: {detail}") from None
 
 
+def held_by(obj: RawObject | None) -> str:
+    """What an object being deleted says holds it, as a suffix for a message ("" when nothing
+    does, or it is not being deleted): its finalizers, and its conditions that report a failure
+    or content remaining. A namespace whose deletion waits on an aggregated API that does not
+    answer (a metrics-server that is down) says so only there. Pure."""
+    if obj is None or not (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return ""
+    parts = []
+    finalizers = (obj.get("metadata") or {}).get("finalizers") or []
+    finalizers += (obj.get("spec") or {}).get("finalizers") or []  # a namespace's own
+    if finalizers:
+        parts.append(f"finalizers {', '.join(str(f) for f in finalizers)}")
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        kind = str(cond.get("type") or "")
+        if cond.get("status") == "True" and kind.endswith(("Failure", "Remaining")):
+            parts.append(f"{kind}: {cond.get('message') or cond.get('reason') or ''}".rstrip(": "))
+    return f"; held by: {'; '.join(parts)}" if parts else ""
+
+
 async def wait_gone(
     client: KubeClient, resource: Resource, name: str, namespace: str | None, timeout: float
 ) -> None:
-    """Until ``name`` no longer exists; PeeringError after ``timeout`` seconds."""
+    """Until ``name`` no longer exists; PeeringError after ``timeout`` seconds, saying what holds
+    it (:func:`held_by`)."""
+    last: RawObject | None = None
 
     async def watch() -> None:
+        nonlocal last
         async for item in watch_objects(
             client, resource, namespace=namespace, field_selector=f"metadata.name={name}"
         ):
@@ -76,13 +115,16 @@ async def wait_gone(
                     return
             elif item.type == "DELETED":
                 return
+            else:
+                last = item.object
 
     try:
         async with asyncio.timeout(timeout):
             await watch()
     except TimeoutError:
-        raise PeeringError(
-            f"{resource.kind} {namespace + '/' if namespace else ''}{name} still there after {timeout:.0f}s"
+        raise StillThere(
+            f"{resource.kind} {namespace + '/' if namespace else ''}{name} still there after {timeout:.0f}s",
+            held_by(last),
         ) from None
 
 

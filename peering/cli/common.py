@@ -166,7 +166,7 @@ async def delete_and_wait(
     """Delete an object whose finalizer a controller runs (``deleted`` is called then, to say what
     is being waited for), and wait until it is gone. False when it was not there;
     UserError(``stuck``) when it is still there after ``timeout``."""
-    from ..waits import PeeringError, wait_gone
+    from ..waits import StillThere, wait_gone
 
     try:
         await client.delete(resource, name, namespace)
@@ -175,6 +175,6 @@ async def delete_and_wait(
     deleted()
     try:
         await wait_gone(client, resource, name, namespace, timeout=timeout)
-    except PeeringError:
-        raise UserError(stuck) from None
+    except StillThere as exc:
+        raise UserError(stuck + exc.held) from None
     return True
