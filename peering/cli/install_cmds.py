@@ -543,14 +543,17 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
         except NotFound:
             pass
         if args.crds:
+            deleted = []
             for crd in load_crds():
-                name = crd["metadata"]["name"]
-                try:
-                    await client.delete(CRDS, name)
-                except NotFound:
-                    continue
-                await wait_gone(client, CRDS, name, None, args.timeout)
-            progress.step("CRDs deleted")
+                with contextlib.suppress(NotFound):
+                    await client.delete(CRDS, crd["metadata"]["name"])
+                    deleted.append(crd["metadata"]["name"])
+            # each goes once the API server has removed its objects: waited for all at once
+            waits = [wait_gone(client, CRDS, name, None, args.timeout) for name in deleted]
+            for outcome in await asyncio.gather(*waits, return_exceptions=True):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            progress.step(f"{len(deleted)} CRDs deleted" if deleted else "no CRDs of gpuferry's to delete")
     print(f"gpuferry uninstalled{' with its CRDs' if args.crds else ''}")
     return 0
 

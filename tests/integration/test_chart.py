@@ -538,6 +538,14 @@ async def test_uninstall_leaves_nothing_but_the_crds(
         assert "foreignclusters.core.gpuferry.io" in cluster.kubectl("get", "crds", "-o", "name")
         again = gpuferry(cluster, tmp_path, "uninstall")  # nothing left to remove: says so, succeeds
         assert again.returncode == 0 and "no helm release gpuferry" in again.stderr
+    # --crds: the CRDs go too, waited for all at once; `install crds` brings them back
+    proc = gpuferry(consumer, tmp_path, "uninstall", "--crds")
+    assert proc.returncode == 0, proc.stderr
+    assert "6 CRDs deleted" in proc.stderr and "gpuferry uninstalled with its CRDs" in proc.stdout
+    assert [n for n in consumer.kubectl("get", "crds", "-o", "name").split() if "gpuferry.io" in n] == []
+    proc = gpuferry(consumer, tmp_path, "install", "crds")
+    assert proc.returncode == 0, proc.stderr
+    assert len([n for n in consumer.kubectl("get", "crds", "-o", "name").split() if "gpuferry.io" in n]) == 6
 
 
 async def test_an_image_that_is_not_on_the_node_is_one_clear_error(
