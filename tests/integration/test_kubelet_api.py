@@ -206,6 +206,19 @@ def cri_line(when: datetime.datetime, text: str, stream: str = "stdout") -> str:
     return f"{when.strftime('%Y-%m-%dT%H:%M:%S.%f000Z')} {stream} F {text}\n"
 
 
+async def create_running_on(client: KubeClient, body: RawObject, namespace: str, node: str) -> None:
+    """Create the pod ``body`` and wait until it runs on ``node``."""
+    await client.create(PODS, body, namespace)
+    await wait_for(
+        client,
+        PODS,
+        body["metadata"]["name"],
+        lambda p: p.get("status", {}).get("phase") == "Running" and p["spec"].get("nodeName") == node,
+        namespace=namespace,
+        timeout=60,
+    )
+
+
 @pytest.fixture
 async def offloaded(
     vk: VirtualKubelet,
@@ -236,15 +249,7 @@ async def offloaded(
             "terminationGracePeriodSeconds": 1,
         },
     }
-    await consumer_client.create(PODS, body, ns)
-    await wait_for(
-        consumer_client,
-        PODS,
-        name,
-        lambda p: p.get("status", {}).get("phase") == "Running" and p["spec"].get("nodeName") == vk.node,
-        namespace=ns,
-        timeout=60,
-    )
+    await create_running_on(consumer_client, body, ns, vk.node)
     twin_ns = twin_namespace(ns, vk.settings.consumer_cluster_id)
     now = datetime.datetime.now(datetime.UTC)
     logs = {"main": tmp_path / "main.log", "side": tmp_path / "side.log", "attach": tmp_path / "attach.log"}
@@ -371,15 +376,7 @@ async def test_a_log_the_provider_cannot_give_says_why_as_the_provider_did(
             "terminationGracePeriodSeconds": 1,
         },
     }
-    await consumer_client.create(PODS, body, ns)
-    await wait_for(
-        consumer_client,
-        PODS,
-        name,
-        lambda p: p.get("status", {}).get("phase") == "Running" and p["spec"].get("nodeName") == vk.node,
-        namespace=ns,
-        timeout=60,
-    )
+    await create_running_on(consumer_client, body, ns, vk.node)
     # kwok has no Logs object for this twin: the provider says so
     prc, _, perr = await Kubectl(provider)("logs", "-n", offloaded.twin_namespace, name)
     assert prc != 0 and perr.startswith("Error from server (BadRequest): "), perr
