@@ -104,8 +104,19 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="gpuferry",
-        description="Lend GPUs across Kubernetes clusters: a provider grants a consumer a slice of its "
-        "GPUs, which the consumer sees as a virtual node.",
+        **described(
+            """Lend GPUs across Kubernetes clusters: a provider grants a consumer a slice of its
+            GPUs, which the consumer sees as a virtual node. Pods of an offloaded namespace that
+            the consumer's scheduler places there run as twins on the provider; their status, logs
+            and exec come back. `gpuferry COMMAND --help` says more of each command.""",
+            "gpuferry install --kubeconfig provider.yaml --role provider",
+            "gpuferry install --kubeconfig consumer.yaml --role consumer",
+            "gpuferry peer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml --gpus 4",
+            "gpuferry offload namespace ml-team --kubeconfig consumer.yaml",
+            "gpuferry info --kubeconfig consumer.yaml",
+            "gpuferry unoffload namespace ml-team --kubeconfig consumer.yaml",
+            "gpuferry unpeer --kubeconfig consumer.yaml --remote-kubeconfig provider.yaml",
+        ),
     )
     common = OneLineParser(add_help=False)
     common.add_argument(

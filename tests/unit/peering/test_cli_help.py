@@ -26,6 +26,27 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> li
 COMMANDS = _commands(build_parser())
 
 
+def test_gpuferry_help_walks_a_user_through_the_whole_story(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    assert parser.epilog
+    examples = [line.strip() for line in parser.epilog.splitlines()[1:]]
+    commands = [" ".join(shlex.split(e)[1:3]) for e in examples]
+    assert [c.split()[0] for c in commands] == [
+        "install",
+        "install",
+        "peer",
+        "offload",
+        "info",
+        "unoffload",
+        "unpeer",
+    ]
+    for example in examples:
+        parser.parse_args(shlex.split(example)[1:])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "`gpuferry COMMAND --help`" in capsys.readouterr().out
+
+
 def test_the_commands_are_all_found() -> None:
     names = {" ".join(path) for path, _ in COMMANDS}
     assert {"peer", "unpeer", "info", "offload namespace", "unoffload namespace", "install crds",
