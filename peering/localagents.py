@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from kube.kubeconfigs import ConfigError, load_kubeconfig
 
 __all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "exited", "find_agent", "stop_agent"]
 
@@ -53,7 +53,7 @@ class Agent:
     args: tuple[str, ...] = ()
     """Role-specific arguments (a gateway's)."""
     kubeconfig_sha256: str = ""
-    """The kubeconfig's contents when the agent was started ("": not known)."""
+    """:func:`_fingerprint` of its kubeconfig when the agent was started ("": not known)."""
 
     @property
     def directory(self) -> Path:
@@ -120,36 +120,21 @@ def find_agent(role: str, cluster_id: str) -> Agent | None:
     return _load(agents_dir() / f"{role}-{cluster_id}")
 
 
-_FILE_FIELDS = ("certificate-authority", "client-certificate", "client-key", "tokenFile")
-
-
 def _fingerprint(kubeconfig: str) -> str:
-    """A digest of the kubeconfig and of the files it names (a CA, a client certificate and key,
-    a token file: ``hack/``'s clusters name theirs, which are made anew with the cluster while
-    the kubeconfig stays the same). "" when it cannot be read."""
-    digest = hashlib.sha256()
+    """A digest of what the agent reads from its kubeconfig once, at its start: the file, and the
+    server, CA and client credentials it leads to (:func:`kube.kubeconfigs.load_kubeconfig`
+    reads the files it names: ``hack/``'s clusters name theirs, made anew with the cluster while
+    the kubeconfig stays the same). A token file is left out: the agent reads it again as it
+    rotates. "" when the kubeconfig cannot be read."""
     try:
         raw = Path(kubeconfig).read_bytes()
     except OSError:
         return ""
-    digest.update(raw)
-    try:
-        config = yaml.safe_load(raw) or {}
-    except yaml.YAMLError:
-        config = {}
-    entries = [
-        (item or {}).get(key) or {}
-        for section, key in (("clusters", "cluster"), ("users", "user"))
-        for item in (config.get(section) or [] if isinstance(config, dict) else [])
-    ]
-    for entry in entries:
-        for field in _FILE_FIELDS:
-            name = entry.get(field) if isinstance(entry, dict) else None
-            if isinstance(name, str) and name:
-                referenced = Path(kubeconfig).parent / name  # an absolute name stays as it is
-                digest.update(f"\0{field}={referenced}\0".encode())
-                with contextlib.suppress(OSError):
-                    digest.update(referenced.read_bytes())
+    digest = hashlib.sha256(raw)
+    with contextlib.suppress(ConfigError, OSError):
+        conn = load_kubeconfig(kubeconfig)
+        for part in (conn.server.encode(), conn.ca_pem, conn.client_cert_pem, conn.client_key_pem):
+            digest.update(b"\0" + (part or b""))
     return digest.hexdigest()
 
 

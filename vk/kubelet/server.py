@@ -79,15 +79,16 @@ Answer = Callable[[int, str, str], web.Response]
 """How a route answers an error: (code, reason, message)."""
 
 
-def _text(code: int, reason: str, message: str) -> web.Response:
+def _text(code: int, _reason: str, message: str) -> web.Response:
     """An error of a plain GET (logs) as the kubelet writes one (go-restful's WriteError): its
     message as text. The API server gives a 400's or a 500's text to the client as the message
     (kubectl: ``Error from server (BadRequest): …``); a Status in JSON was shown raw."""
-    del reason
     return web.Response(status=code, text=message, content_type="text/plain")
 
 
-def _twin(request: web.Request, answer: Answer = _status) -> tuple[RawObject, RawObject] | web.Response:
+def _twin(
+    request: web.Request, answer: Answer = _status, *, waiting_code: int = 404
+) -> tuple[RawObject, RawObject] | web.Response:
     """The consumer pod named by the path and its twin, or the error answer."""
     ctx = request.app[CONTEXT]
     ns, name = request.match_info["namespace"], request.match_info["pod"]
@@ -100,10 +101,8 @@ def _twin(request: web.Request, answer: Answer = _status) -> tuple[RawObject, Ra
         return answer(404, "NotFound", f"pod {ns}/{name} with UID {uid} is not on node {ctx.node_name}")
     twin = ctx.twin_pod(key)
     if twin is None:
-        # 400, as the kubelet answers for a container not started: the API server keeps the text
-        code = 400 if answer is _text else 404
         waiting = f"pod {ns}/{name} is waiting to start: it has no twin on the provider yet"
-        return answer(code, "NotFound", waiting)
+        return answer(waiting_code, "NotFound", waiting)
     return pod, twin
 
 
@@ -113,7 +112,8 @@ def _twin_path(twin: RawObject, sub: str) -> str:
 
 
 async def container_logs(request: web.Request) -> web.StreamResponse:
-    found = _twin(request, _text)
+    # 400, as the kubelet answers for a container not started: the API server keeps its text
+    found = _twin(request, _text, waiting_code=400)
     if isinstance(found, web.Response):
         return found
     _, twin = found

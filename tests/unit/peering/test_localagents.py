@@ -82,6 +82,7 @@ def test_an_agent_whose_kubeconfig_changed_is_started_again(
     kubeconfig.write_text(
         "clusters:\n- name: c1\n  cluster:\n    server: https://127.0.0.1:1\n"
         "    certificate-authority: pki/ca.crt\n"
+        "contexts:\n- name: c1\n  context: {cluster: c1}\ncurrent-context: c1\n"
     )
     agent, started = ensure_agent("sleeper", "c1", kubeconfig)
     assert started
