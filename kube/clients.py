@@ -26,6 +26,7 @@ from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
 from .ratelimit import TokenBucket
 from .settings import ClientSettings
+from .sockets import keepalive_factory
 
 __all__ = ["KubeClient", "PatchType", "resource_of"]
 
@@ -164,8 +165,11 @@ class KubeClient:
         ssl_ctx = self.connection.ssl_context()
         ssl: ssl_module.SSLContext | bool = ssl_ctx if ssl_ctx is not None else True
         headers = {"User-Agent": self.settings.user_agent, "Accept": "application/json"}
+        sockets = keepalive_factory(self.settings.tcp_keepalive_seconds, self.settings.tcp_keepalive_probes)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl, limit=self.settings.max_connections),
+            connector=aiohttp.TCPConnector(
+                ssl=ssl, limit=self.settings.max_connections, socket_factory=sockets
+            ),
             headers=headers,
             timeout=aiohttp.ClientTimeout(
                 total=self.settings.request_timeout, connect=self.settings.connect_timeout
@@ -174,7 +178,7 @@ class KubeClient:
         # streams (watches, logs) hold their connection while they run: a pool of their own, so
         # that a hundred watches never leave a GET waiting for a connection
         self._streams = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=ssl, limit=0), headers=headers
+            connector=aiohttp.TCPConnector(ssl=ssl, limit=0, socket_factory=sockets), headers=headers
         )
 
     async def close(self) -> None:

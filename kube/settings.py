@@ -104,6 +104,13 @@ class ClientSettings(_FromEnv):
     """Seconds to establish a connection (TCP and TLS), for every request and stream."""
     watch_timeout_seconds: int = 290
     """``timeoutSeconds`` asked of the server for a watch; it then ends the watch cleanly."""
+    tcp_keepalive_seconds: float = 15.0
+    """Seconds of silence before a connection is probed, and between probes (Go's default, which
+    client-go uses); <= 0 leaves the system's (2 h on Linux). A stream to an API server that is
+    gone without a word (``logs -f``, exec, a watch) then ends with an error after
+    ``tcp_keepalive_seconds * (1 + tcp_keepalive_probes)`` instead of waiting for hours."""
+    tcp_keepalive_probes: int = 4
+    """Unanswered probes after which the kernel ends the connection."""
     max_connections: int = 100
     """Connections to the API server for ordinary (non-streaming) requests. Watches and log
     streams have connections of their own, without a limit: each holds one for as long as it

@@ -24,6 +24,7 @@ from aiohttp.abc import AbstractStreamWriter
 from multidict import MultiDict
 
 from kube.clients import KubeClient
+from kube.sockets import set_keepalive
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ async def passthrough(
             )
     except (OSError, TimeoutError) as exc:
         return web.Response(status=502, text=f"cannot reach the provider API server: {exc}")
+    if (sock := writer.get_extra_info("socket")) is not None:
+        # a provider gone without a word ends the stream, as the client's other connections do
+        set_keepalive(sock, provider.settings.tcp_keepalive_seconds, provider.settings.tcp_keepalive_probes)
     try:
         target = f"{url.path.rstrip('/')}{path}?{urlencode(list(query.items()))}"
         lines = [
