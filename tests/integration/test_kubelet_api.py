@@ -386,6 +386,42 @@ async def test_a_log_the_provider_cannot_give_says_why_as_the_provider_did(
     assert err.strip() == f"Error from server (BadRequest): provider: {said}"
 
 
+async def test_logs_of_a_pod_held_without_a_twin_say_what_it_waits_for(
+    vk: VirtualKubelet,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    # nine GPUs fit the virtual node (16) but no H100 node (8 each): the pod is held, no twin
+    # made. kubectl logs said only "pod ns/big is waiting to start: it has no twin on the
+    # provider yet", and the reason was left to `kubectl describe`
+    ns = await make_namespace(consumer_client)
+    body: RawObject = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "big"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "9"}}}
+            ],
+            "nodeName": vk.node,
+            "tolerations": [{"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}],
+            "terminationGracePeriodSeconds": 1,
+        },
+    }
+    await consumer_client.create(PODS, body, ns)
+    held = await wait_for(consumer_client, PODS, "big",
+                          lambda p: (p.get("status") or {}).get("reason") == "ProviderCapacity",
+                          namespace=ns, timeout=30)  # fmt: skip
+    rc, out, err = await Kubectl(consumer)("logs", "-n", ns, "big")
+    assert rc != 0 and out == ""
+    assert err.strip() == (
+        'Error from server (BadRequest): container "main" in pod "big" is waiting to start: '
+        f"ProviderCapacity: {held['status']['message']}"
+    ), err
+    assert "waiting for a provider node with room" in err
+
+
 async def test_kubectl_exec_returns_output_and_exit_status(
     vk: VirtualKubelet, offloaded: Offloaded, consumer: LocalCluster, provider: LocalCluster
 ) -> None:

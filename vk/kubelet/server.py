@@ -101,9 +101,24 @@ def _twin(
         return answer(404, "NotFound", f"pod {ns}/{name} with UID {uid} is not on node {ctx.node_name}")
     twin = ctx.twin_pod(key)
     if twin is None:
-        waiting = f"pod {ns}/{name} is waiting to start: it has no twin on the provider yet"
-        return answer(waiting_code, "NotFound", waiting)
+        container = request.match_info.get("container") or request.rel_url.query.get("container")
+        return answer(waiting_code, "NotFound", waiting_to_start(pod, container))
     return pod, twin
+
+
+def waiting_to_start(pod: RawObject, container: str | None) -> str:
+    """What a pod with no twin yet is waiting for, in the kubelet's words for a container not
+    started (``container "c" in pod "p" is waiting to start: …``), followed by the reason and
+    message the virtual kubelet holds the pod Pending with, when it holds it (no provider node
+    with room, the namespace not offloaded, a mount not ready): the user asking for its logs
+    learns why there are none. Pure."""
+    name = pod["metadata"]["name"]
+    who = f'container "{container}" in pod "{name}"' if container else f'pod "{name}"'
+    status = pod.get("status") or {}
+    reason, message = status.get("reason"), status.get("message")
+    if reason and message:
+        return f"{who} is waiting to start: {reason}: {message}"
+    return f"{who} is waiting to start: its twin on the provider is not created yet"
 
 
 def _twin_path(twin: RawObject, sub: str) -> str:
@@ -126,6 +141,7 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
     tail = query.get("tail")
     if tail is not None and tail != "all" and "tailLines" not in params:
         params["tailLines"] = tail
+    response: web.StreamResponse | None = None
     try:
         async with ctx.provider.stream("GET", _twin_path(twin, "log"), params) as upstream:
             response = web.StreamResponse(headers={"Content-Type": "text/plain"})
@@ -136,6 +152,16 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
             return response
     except KubeError as exc:
+        if response is not None and response.prepared:
+            # cut short mid-stream (the provider restarted, the connection dropped): the status
+            # is sent, so no error answer can follow. Without its last chunk the body reads as
+            # cut, not ended; answering a second time left the client waiting for the rest,
+            # `kubectl logs -f` forever
+            logger.warning("logs of pod %s/%s cut short by the provider: %s",
+                           request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
+            if request.transport is not None:
+                request.transport.close()
+            return response
         # the provider's own words, e.g. 'container "main" in pod "ns/x" is waiting to start';
         # any 4xx as 400 and anything else as 500, the two the API server passes on with the text
         code = 400 if exc.status and 400 <= exc.status < 500 else 500
@@ -166,7 +192,12 @@ async def _stream(request: web.Request, kind: str) -> web.StreamResponse:
         return await passthrough(request, provider, path=_twin_path(twin, kind), query=query)
     protocols = PORTFORWARD_PROTOCOLS if kind == "portforward" else EXEC_PROTOCOLS
     return await relay(
-        request, request.app[CONTEXT].provider, path=_twin_path(twin, kind), query=query, supported=protocols
+        request,
+        request.app[CONTEXT].provider,
+        path=_twin_path(twin, kind),
+        query=query,
+        supported=protocols,
+        ends_with_status=kind != "portforward",
     )
 
 

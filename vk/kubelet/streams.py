@@ -93,8 +93,12 @@ async def relay(
     path: str,
     query: MultiDict[str],
     supported: tuple[str, ...],
+    ends_with_status: bool = False,
 ) -> web.StreamResponse:
-    """Open ``path`` on the provider as a WebSocket and relay it to ``request``'s WebSocket."""
+    """Open ``path`` on the provider as a WebSocket and relay it to ``request``'s WebSocket.
+
+    ``ends_with_status``: an exec or attach, whose stream ends with its status on the error
+    channel in ``v4``/``v5`` (see :func:`_pump_both`)."""
     if not is_websocket(request):
         upgrade = request.headers.get("Upgrade") or "none"
         return _status(
@@ -137,7 +141,8 @@ async def relay(
             return _status(502, "BadGateway", f"provider chose subprotocol {chosen!r}, not one of {offered}")
         downstream = web.WebSocketResponse(protocols=(chosen,), max_msg_size=0, compress=False, autoping=True)
         await downstream.prepare(request)
-        await _pump_both(downstream, upstream)
+        expected = ends_with_status and chosen in STATUS_PROTOCOLS
+        await _pump_both(downstream, upstream, status_expected=expected, what=path)
         return downstream
 
 
@@ -149,7 +154,30 @@ def _sendable(code: int | None) -> int:
     return code
 
 
-async def _pump_both(down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse) -> None:
+STATUS_PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+"""The exec/attach subprotocols whose stream always ends with a Status (Success, or the exit code)
+on the error channel, 3."""
+CUT_SHORT = "the connection to the provider ended before the command's exit status"
+
+
+def downstream_close(up_code: int | None, *, status_expected: bool, status_seen: bool) -> tuple[int, str]:
+    """The close code and reason to send the client once the provider's side of a stream ended
+    with ``up_code``. A provider API server often ends a stream without a close frame (1006), so
+    that alone is no failure; but an exec or attach in v4/v5 that ended so before its status is
+    a connection lost: 1011, saying so (client-go then fails the command; a normal close made
+    kubectl exit 0 as if the command had succeeded). Pure."""
+    if status_expected and not status_seen and up_code in (None, 1005, 1006):
+        return aiohttp.WSCloseCode.INTERNAL_ERROR, CUT_SHORT
+    return _sendable(up_code), ""
+
+
+async def _pump_both(
+    down: web.WebSocketResponse,
+    up: aiohttp.ClientWebSocketResponse,
+    *,
+    status_expected: bool = False,
+    what: str = "stream",
+) -> None:
     async def down_to_up() -> None:
         async for msg in down:
             if msg.type == aiohttp.WSMsgType.BINARY:
@@ -159,12 +187,20 @@ async def _pump_both(down: web.WebSocketResponse, up: aiohttp.ClientWebSocketRes
         await up.close(code=_sendable(down.close_code))
 
     async def up_to_down() -> None:
+        status_seen = False
         async for msg in up:
             if msg.type == aiohttp.WSMsgType.BINARY:
+                # not the empty message on channel 3 that opens a stream without stdout or stderr
+                status_seen = status_seen or (msg.data[:1] == b"\x03" and len(msg.data) > 1)
                 await down.send_bytes(msg.data)
             elif msg.type == aiohttp.WSMsgType.TEXT:
                 await down.send_str(msg.data)
-        await down.close(code=_sendable(up.close_code))
+        code, reason = downstream_close(
+            up.close_code, status_expected=status_expected, status_seen=status_seen
+        )
+        if reason:
+            logger.warning("%s: %s (closed %s)", what, reason, up.close_code)
+        await down.close(code=code, message=reason.encode())
 
     tasks = [
         asyncio.create_task(down_to_up(), name="ws-down-to-up"),

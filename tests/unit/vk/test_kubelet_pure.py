@@ -15,6 +15,7 @@ from multidict import MultiDict
 
 from vk.kubelet.auth import UserInfo, request_attributes, user_from_peercert
 from vk.kubelet.certificates import RENEW_AT, csr_object, make_key_and_csr, renew_delay
+from vk.kubelet.server import waiting_to_start
 from vk.kubelet.streams import _sendable, provider_stream_query
 
 
@@ -164,3 +165,26 @@ def test_the_providers_upgrade_answer_is_parsed() -> None:
     assert headers["upgrade"] == "SPDY/3.1"
     assert headers["x-stream-protocol-version"] == "v4.channel.k8s.io"
     assert _parse_head(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 12")[:2] == (403, "Forbidden")
+
+
+NOT_YET = "its twin on the provider is not created yet"
+HELD = {"phase": "Pending", "reason": "NamespaceNotOffloaded", "message": "namespace ml is not offloaded"}
+
+
+@pytest.mark.parametrize(
+    ("status", "container", "said"),
+    [
+        (
+            HELD,
+            "main",
+            f'container "main" in pod "p" is waiting to start: {HELD["reason"]}: {HELD["message"]}',
+        ),
+        ({"phase": "Pending"}, "main", f'container "main" in pod "p" is waiting to start: {NOT_YET}'),
+        ({}, None, f'pod "p" is waiting to start: {NOT_YET}'),
+    ],
+)
+def test_a_pod_without_a_twin_says_what_it_waits_for(
+    status: dict[str, str], container: str | None, said: str
+) -> None:
+    pod = {"metadata": {"name": "p", "namespace": "ml"}, "status": status}
+    assert waiting_to_start(pod, container) == said

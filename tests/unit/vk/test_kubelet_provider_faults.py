@@ -1,0 +1,169 @@
+"""The kubelet API when the provider fails it: logs out of reach or cut short, an exec whose
+connection to the provider drops. The routes are served as they are (aiohttp's test server, our
+handlers); the provider is a port nothing listens on, or a server that drops the connection
+mid-stream, a fault a real API server does not make on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import ClientPayloadError, WSMsgType, web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kube.clients import KubeClient
+from kube.kubeconfigs import Connection
+from kube.objects import ObjectKey, RawObject
+from kube.ports import free_port
+from vk.kubelet.server import CONTEXT, KubeletContext, container_logs, exec_
+
+POD: RawObject = {"metadata": {"name": "trainer", "namespace": "ml"}, "status": {"phase": "Running"}}
+TWIN: RawObject = {"metadata": {"name": "trainer", "namespace": "ml-cons"}}
+
+
+def _context(provider: KubeClient, twin: RawObject | None) -> KubeletContext:
+    return KubeletContext(
+        node_name="gpuferry-prov",
+        provider=provider,
+        local_pod=lambda key: POD if key == ObjectKey("ml", "trainer") else None,
+        twin_pod=lambda key: twin if key == ObjectKey("ml", "trainer") else None,
+        local_keys=lambda: [ObjectKey("ml", "trainer")],
+        started=datetime.datetime.now(datetime.UTC),
+    )
+
+
+async def _served(ctx: KubeletContext) -> TestClient[web.Request, web.Application]:
+    app = web.Application()
+    app[CONTEXT] = ctx
+    app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    app.router.add_get("/exec/{namespace}/{pod}/{container}", exec_)
+    return TestClient(TestServer(app))
+
+
+@pytest.fixture
+async def provider_at() -> AsyncIterator[Callable[[str], Awaitable[KubeClient]]]:
+    opened: list[KubeClient] = []
+
+    async def open_(server: str) -> KubeClient:
+        client = KubeClient(Connection(server=server))
+        await client.__aenter__()
+        opened.append(client)
+        return client
+
+    yield open_
+    for client in opened:
+        await client.__aexit__(None, None, None)
+
+
+async def test_a_provider_out_of_reach_is_an_internal_error_in_words(
+    provider_at: Callable[[str], Awaitable[KubeClient]],
+) -> None:
+    provider = await provider_at(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    async with await _served(_context(provider, TWIN)) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main")
+        text = await answer.text()
+    # the API server passes a kubelet's 500 on with its text: "Internal error occurred: provider: …"
+    assert answer.status == 500, text
+    assert answer.content_type == "text/plain"
+    assert text.startswith("provider: ") and "127.0.0.1" in text, text
+
+
+async def test_a_pod_with_no_twin_yet_is_a_bad_request_saying_so(
+    provider_at: Callable[[str], Awaitable[KubeClient]],
+) -> None:
+    provider = await provider_at(f"http://127.0.0.1:{free_port()}")  # not asked
+    async with await _served(_context(provider, None)) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main")
+        text = await answer.text()
+    assert answer.status == 400
+    said = (
+        'container "main" in pod "trainer" is waiting to start: '
+        + "its twin on the provider is not created yet"
+    )
+    assert text == said
+
+
+async def test_a_log_stream_cut_short_by_the_provider_is_not_ended_as_if_complete(
+    provider_at: Callable[[str], Awaitable[KubeClient]],
+) -> None:
+    """A provider that drops the connection mid-stream: the client has what came, and its read
+    fails (a log cut short is not a log that ended), rather than a clean end of the body."""
+    sent = asyncio.Event()
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b"epoch 1: loss 0.93\n")
+        sent.set()
+        await asyncio.sleep(0.2)
+        assert request.transport is not None
+        request.transport.abort()  # no last chunk: the body is cut, not ended
+        return response
+
+    upstream = web.Application()
+    upstream.router.add_get("/api/v1/namespaces/ml-cons/pods/trainer/log", cut)
+    async with TestServer(upstream) as server:
+        provider = await provider_at(f"http://127.0.0.1:{server.port}")
+        async with await _served(_context(provider, TWIN)) as client:
+            answer = await client.get("/containerLogs/ml/trainer/main")
+            assert answer.status == 200
+            got = b""
+            # a second answer after the first left the client waiting for the rest: timed out here
+            with pytest.raises(ClientPayloadError, match="not completed"):
+                async with asyncio.timeout(10):
+                    async for chunk in answer.content.iter_any():
+                        got += chunk
+            assert sent.is_set()
+    assert got == b"epoch 1: loss 0.93\n"
+
+
+SUCCESS = b'\x03{"metadata":{},"status":"Success"}'
+STEP = b"\x01step 1 of 3\n"
+OPENED = b"\x03"
+"""What a provider sends first on a stream without stdout or stderr: an empty error-channel message."""
+CUT = "the connection to the provider ended before the command's exit status"
+
+
+@pytest.mark.parametrize(
+    ("sent", "code", "reason"),
+    [
+        # as a provider API server ends a command: its status, then the connection, no close frame
+        ([STEP, SUCCESS], 1000, ""),
+        ([OPENED, SUCCESS], 1000, ""),
+        # the connection lost before the status: a normal close made kubectl exit 0
+        ([STEP], 1011, CUT),
+        ([OPENED], 1011, CUT),
+    ],
+)
+async def test_an_exec_cut_short_by_the_provider_is_not_closed_as_a_success(
+    provider_at: Callable[[str], Awaitable[KubeClient]], sent: list[bytes], code: int, reason: str
+) -> None:
+    async def execute(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io",))
+        await ws.prepare(request)
+        for message in sent:
+            await ws.send_bytes(message)
+        await asyncio.sleep(0.1)
+        assert request.transport is not None
+        request.transport.abort()
+        return ws
+
+    upstream = web.Application()
+    upstream.router.add_get("/api/v1/namespaces/ml-cons/pods/trainer/exec", execute)
+    async with TestServer(upstream) as server:
+        provider = await provider_at(f"http://127.0.0.1:{server.port}")
+        async with await _served(_context(provider, TWIN)) as client:
+            ws = await client.ws_connect(
+                "/exec/ml/trainer/main?command=train&output=1", protocols=("v5.channel.k8s.io",)
+            )
+            got: list[bytes] = []
+            async with asyncio.timeout(10):
+                while (msg := await ws.receive()).type == WSMsgType.BINARY:
+                    got.append(msg.data)
+            await ws.close()
+    assert msg.type == WSMsgType.CLOSE, msg
+    assert (msg.data, msg.extra) == (code, reason)
+    assert got == sent
