@@ -49,8 +49,8 @@ from .resources import (
     identity_secret_name,
     tenant_namespace,
 )
-from .teardown import finish_teardown, start_teardown, teardown, wait_all_gone
-from .waits import PeeringError, Progress, quiet, wait_gone, wait_until
+from .teardown import finish_teardown, start_teardown, teardown
+from .waits import PeeringError, Progress, quiet, wait_all_gone, wait_gone, wait_until
 
 __all__ = [
     "CONSUMER_NAMESPACE",

@@ -3,9 +3,7 @@ consumer's identity Secret."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kube.clients import KubeClient
@@ -35,9 +33,9 @@ from .resources import (
     identity_secret_name,
     tenant_namespace,
 )
-from .waits import Progress, quiet, wait_gone
+from .waits import Progress, quiet, wait_all_gone
 
-__all__ = ["Revoked", "finish_teardown", "start_teardown", "teardown", "wait_all_gone"]
+__all__ = ["Revoked", "finish_teardown", "start_teardown", "teardown"]
 
 # what a consumer can write in a twin namespace (and so put finalizers on)
 _TWIN_KINDS = (PODS, CONFIGMAPS, SECRETS, SERVICES, ENDPOINTSLICES)
@@ -70,7 +68,7 @@ async def teardown(
         consumer, provider, consumer_id=consumer_id, provider_id=provider_id, namespace=namespace,
         progress=progress,
     )  # fmt: skip
-    await wait_all_gone([(provider, name) for name in revoked.namespaces], timeout)
+    await wait_all_gone(NAMESPACES, [(provider, name) for name in revoked.namespaces], timeout)
     return revoked.removed + await finish_teardown(provider, consumer_id=consumer_id, progress=progress)
 
 
@@ -90,7 +88,7 @@ async def start_teardown(
     controller is not running), then the tenant namespace and the consumer's identity Secret go.
     The namespaces deleted are in the answer: the provider's namespace controller takes 5 s before
     it looks at a deleted namespace, so a caller that has more to delete waits for them all at
-    once (:func:`wait_all_gone`), then calls :func:`finish_teardown`.
+    once (:func:`.waits.wait_all_gone`), then calls :func:`finish_teardown`.
     """
     removed: list[str] = []
     ns = tenant_namespace(consumer_id)
@@ -147,16 +145,6 @@ async def finish_teardown(provider: KubeClient, *, consumer_id: str, progress: P
             progress(f"removed provider: foreigncluster/{consumer_id}")
             return [f"provider: foreigncluster/{consumer_id}"]
     return []
-
-
-async def wait_all_gone(namespaces: Sequence[tuple[KubeClient, str]], timeout: float) -> None:
-    """Until each ``(cluster, namespace)`` is gone, waiting for them all at once: a namespace's
-    deletion takes at least the namespace controller's 5 s, so n of them one after the other take
-    n times that. PeeringError naming the first still there after ``timeout`` seconds."""
-    waits = (wait_gone(client, NAMESPACES, name, None, timeout) for client, name in namespaces)
-    for outcome in await asyncio.gather(*waits, return_exceptions=True):  # each ends by its timeout
-        if isinstance(outcome, BaseException):
-            raise outcome
 
 
 async def _drop_all_finalizers(client: KubeClient, namespace: str, resources: tuple[Resource, ...]) -> None:

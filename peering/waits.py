@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kube.clients import KubeClient
 from kube.objects import RawObject, Resource
@@ -15,6 +15,7 @@ __all__ = [
     "StillThere",
     "held_by",
     "quiet",
+    "wait_all_gone",
     "wait_gone",
     "wait_none",
     "wait_until",
@@ -126,6 +127,19 @@ async def wait_gone(
             f"{resource.kind} {namespace + '/' if namespace else ''}{name} still there after {timeout:.0f}s",
             held_by(last),
         ) from None
+
+
+async def wait_all_gone(
+    resource: Resource, targets: Sequence[tuple[KubeClient, str]], timeout: float
+) -> None:
+    """Until each ``(cluster, name)`` of ``resource`` (cluster-scoped) is gone, waiting for them all
+    at once: a namespace's deletion takes at least the namespace controller's 5 s, a CRD's the API
+    server's removal of its objects, so n of them one after the other take n times that.
+    :class:`StillThere` for the first still there after ``timeout`` seconds."""
+    waits = (wait_gone(client, resource, name, None, timeout) for client, name in targets)
+    for outcome in await asyncio.gather(*waits, return_exceptions=True):  # each ends by its timeout
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def wait_none(

@@ -56,7 +56,7 @@ from ..clusterid import CLUSTER_ID_CONFIGMAP, ClusterIDError, choose_cluster_id,
 from ..crds import ensure_crds, load_crds
 from ..kubeletworkload import COMPONENT
 from ..podtrouble import IMAGE_TROUBLE, pod_trouble
-from ..waits import wait_gone
+from ..waits import wait_all_gone, wait_gone
 from .common import (
     Progress,
     UserError,
@@ -549,10 +549,7 @@ async def cmd_uninstall(args: argparse.Namespace) -> int:
                     await client.delete(CRDS, crd["metadata"]["name"])
                     deleted.append(crd["metadata"]["name"])
             # each goes once the API server has removed its objects: waited for all at once
-            waits = [wait_gone(client, CRDS, name, None, args.timeout) for name in deleted]
-            for outcome in await asyncio.gather(*waits, return_exceptions=True):
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            await wait_all_gone(CRDS, [(client, name) for name in deleted], args.timeout)
             progress.step(f"{len(deleted)} CRDs deleted" if deleted else "no CRDs of gpuferry's to delete")
     print(f"gpuferry uninstalled{' with its CRDs' if args.crds else ''}")
     return 0

@@ -658,7 +658,7 @@ async def cmd_unpeer(args: argparse.Namespace) -> int:
         if args.agents == "local" and no_tenants and not await _peered_anywhere(provider):
             removed += await _forget_cluster(provider, "provider", admission=False, going=going)
         # gone, not just terminating: a peer right after needs them gone
-        await flow.wait_all_gone(going, args.timeout)
+        await flow.wait_all_gone(NAMESPACES, going, args.timeout)
         progress.step(f"{len(going)} namespace{'s' * (len(going) != 1)} gone")
         removed += await flow.finish_teardown(provider, consumer_id=consumer_id, progress=progress.note)
     if left:

@@ -7,24 +7,33 @@ import uuid
 import pytest
 
 from kube.clients import KubeClient
+from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, NAMESPACES
-from peering.waits import StillThere, wait_gone
+from peering.waits import StillThere, wait_all_gone, wait_gone
 
 pytestmark = pytest.mark.integration
 
 
-async def test_a_namespace_held_by_content_with_a_finalizer_says_so(consumer_client: KubeClient) -> None:
+async def _held_namespace(client: KubeClient) -> str:
+    """A namespace, deleted, that a ConfigMap's finalizer holds (:func:`_release` lets it go)."""
     name = f"held-{uuid.uuid4().hex[:6]}"
-    await consumer_client.create(
-        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-    )
+    await client.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     held = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "held", "finalizers": ["example.com/hold"]},
     }
-    await consumer_client.create(CONFIGMAPS, held, name)
-    await consumer_client.delete(NAMESPACES, name)
+    await client.create(CONFIGMAPS, held, name)
+    await client.delete(NAMESPACES, name)
+    return name
+
+
+async def _release(client: KubeClient, name: str) -> None:
+    await client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, name)
+
+
+async def test_a_namespace_held_by_content_with_a_finalizer_says_so(consumer_client: KubeClient) -> None:
+    name = await _held_namespace(consumer_client)
     try:
         # the namespace controller's first pass comes 5 s after the deletion
         with pytest.raises(StillThere) as stuck:
@@ -36,5 +45,28 @@ async def test_a_namespace_held_by_content_with_a_finalizer_says_so(consumer_cli
         )
         assert "example.com/hold" in stuck.value.held
     finally:
-        await consumer_client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, name)
+        await _release(consumer_client, name)
     await wait_gone(consumer_client, NAMESPACES, name, None, timeout=60)
+
+
+async def test_waiting_for_several_to_go_names_the_one_still_held(consumer_client: KubeClient) -> None:
+    """The waits run together: a namespace that goes does not hide one held after it in the list,
+    and the wait ends once both are gone."""
+    free = f"free-{uuid.uuid4().hex[:6]}"
+    await consumer_client.create(
+        NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": free}}
+    )
+    await consumer_client.delete(NAMESPACES, free)
+    held = await _held_namespace(consumer_client)
+    targets = [(consumer_client, free), (consumer_client, held)]
+    try:
+        with pytest.raises(StillThere) as stuck:
+            await wait_all_gone(NAMESPACES, targets, timeout=15)
+        assert str(stuck.value).startswith(f"Namespace {held} still there after 15s; held by: "), stuck.value
+        assert "example.com/hold" in stuck.value.held
+    finally:
+        await _release(consumer_client, held)
+    await wait_all_gone(NAMESPACES, targets, timeout=60)
+    for name in (free, held):
+        with pytest.raises(NotFound):
+            await consumer_client.get(NAMESPACES, name)
