@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -41,6 +42,20 @@ class Recorder:
         return None
 
 
+@contextlib.asynccontextmanager
+async def _running(manager: Manager, client: KubeClient, lease: str) -> AsyncIterator[asyncio.Task[None]]:
+    """``manager.run()`` as a task; on the way out the manager is stopped and its Lease deleted."""
+    running = asyncio.create_task(manager.run(handle_signals=False))
+    try:
+        yield running
+    finally:
+        manager.stop()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(running, 10)
+        with contextlib.suppress(NotFound):
+            await client.delete(LEASES, lease, NAMESPACE)
+
+
 def _micro(t: datetime) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -54,8 +69,7 @@ async def test_a_leader_that_loses_its_lease_steps_down_and_leads_again(provider
     manager = Manager("stepdown", client=provider_client, probes_settings=ProbeSettings(port=-1),
                       leader_election=settings)  # fmt: skip
     manager.add_controller(Controller("record", queue, recorder))
-    running = asyncio.create_task(manager.run(handle_signals=False))
-    try:
+    async with _running(manager, provider_client, name) as running:
         queue.add("first")
         await asyncio.wait_for(_until(recorder, "first"), 20)
         assert manager.elector is not None and manager.elector.leading
@@ -82,12 +96,6 @@ async def test_a_leader_that_loses_its_lease_steps_down_and_leads_again(provider
         await wait_for(provider_client, LEASES, name,
                        lambda ls: ls["spec"].get("holderIdentity") == "replica-a",
                        namespace=NAMESPACE, timeout=10)  # fmt: skip
-    finally:
-        manager.stop()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(running, 10)
-        with contextlib.suppress(NotFound):
-            await provider_client.delete(LEASES, name, NAMESPACE)
     assert running.done() and running.exception() is None
 
 
@@ -119,8 +127,7 @@ async def test_a_leader_cancelled_as_it_steps_down_stops_instead_of_campaigning_
             raise
 
     manager.add_task("slow", slow_to_stop)
-    running = asyncio.create_task(manager.run(handle_signals=False))
-    try:
+    async with _running(manager, provider_client, name) as running:
         await asyncio.wait_for(leads.wait(), 20)
         lease = await provider_client.get(LEASES, name, NAMESPACE)
         lease["spec"].update(holderIdentity="replica-b", renewTime=_micro(datetime.now(UTC)),
@@ -131,9 +138,3 @@ async def test_a_leader_cancelled_as_it_steps_down_stops_instead_of_campaigning_
         done, _ = await asyncio.wait({running}, timeout=10)
         assert running in done, "the manager went on (campaigning again) after it was cancelled"
         assert running.cancelled()
-    finally:
-        manager.stop()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(running, 10)
-        with contextlib.suppress(NotFound):
-            await provider_client.delete(LEASES, name, NAMESPACE)
