@@ -6,6 +6,7 @@ mid-stream, a fault a real API server does not make on demand."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -42,8 +43,24 @@ async def _served(ctx: KubeletContext) -> TestClient[web.Request, web.Applicatio
     return TestClient(TestServer(app))
 
 
+Opener = Callable[[str], Awaitable[KubeClient]]
+
+
+@contextlib.asynccontextmanager
+async def _kubelet_before(
+    provider_at: Opener, sub: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> AsyncIterator[TestClient[web.Request, web.Application]]:
+    """Our kubelet routes, in front of a provider that answers the twin's ``sub`` with ``handler``."""
+    upstream = web.Application()
+    upstream.router.add_get(f"/api/v1/namespaces/ml-cons/pods/trainer/{sub}", handler)
+    async with TestServer(upstream) as server:
+        provider = await provider_at(f"http://127.0.0.1:{server.port}")
+        async with await _served(_context(provider, TWIN)) as client:
+            yield client
+
+
 @pytest.fixture
-async def provider_at() -> AsyncIterator[Callable[[str], Awaitable[KubeClient]]]:
+async def provider_at() -> AsyncIterator[Opener]:
     opened: list[KubeClient] = []
 
     async def open_(server: str) -> KubeClient:
@@ -58,7 +75,7 @@ async def provider_at() -> AsyncIterator[Callable[[str], Awaitable[KubeClient]]]
 
 
 async def test_a_provider_out_of_reach_is_an_internal_error_in_words(
-    provider_at: Callable[[str], Awaitable[KubeClient]],
+    provider_at: Opener,
 ) -> None:
     provider = await provider_at(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     async with await _served(_context(provider, TWIN)) as client:
@@ -71,7 +88,7 @@ async def test_a_provider_out_of_reach_is_an_internal_error_in_words(
 
 
 async def test_a_pod_with_no_twin_yet_is_a_bad_request_saying_so(
-    provider_at: Callable[[str], Awaitable[KubeClient]],
+    provider_at: Opener,
 ) -> None:
     provider = await provider_at(f"http://127.0.0.1:{free_port()}")  # not asked
     async with await _served(_context(provider, None)) as client:
@@ -86,7 +103,7 @@ async def test_a_pod_with_no_twin_yet_is_a_bad_request_saying_so(
 
 
 async def test_a_log_stream_cut_short_by_the_provider_is_not_ended_as_if_complete(
-    provider_at: Callable[[str], Awaitable[KubeClient]],
+    provider_at: Opener,
 ) -> None:
     """A provider that drops the connection mid-stream: the client has what came, and its read
     fails (a log cut short is not a log that ended), rather than a clean end of the body."""
@@ -103,20 +120,16 @@ async def test_a_log_stream_cut_short_by_the_provider_is_not_ended_as_if_complet
         request.transport.abort()  # no last chunk: the body is cut, not ended
         return response
 
-    upstream = web.Application()
-    upstream.router.add_get("/api/v1/namespaces/ml-cons/pods/trainer/log", cut)
-    async with TestServer(upstream) as server:
-        provider = await provider_at(f"http://127.0.0.1:{server.port}")
-        async with await _served(_context(provider, TWIN)) as client:
-            answer = await client.get("/containerLogs/ml/trainer/main")
-            assert answer.status == 200
-            got = b""
-            # a second answer after the first left the client waiting for the rest: timed out here
-            with pytest.raises(ClientPayloadError, match="not completed"):
-                async with asyncio.timeout(10):
-                    async for chunk in answer.content.iter_any():
-                        got += chunk
-            assert sent.is_set()
+    async with _kubelet_before(provider_at, "log", cut) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main")
+        assert answer.status == 200
+        got = b""
+        # a second answer after the first left the client waiting for the rest: timed out here
+        with pytest.raises(ClientPayloadError, match="not completed"):
+            async with asyncio.timeout(10):
+                async for chunk in answer.content.iter_any():
+                    got += chunk
+        assert sent.is_set()
     assert got == b"epoch 1: loss 0.93\n"
 
 
@@ -139,7 +152,7 @@ CUT = "the connection to the provider ended before the command's exit status"
     ],
 )
 async def test_an_exec_cut_short_by_the_provider_is_not_closed_as_a_success(
-    provider_at: Callable[[str], Awaitable[KubeClient]], sent: list[bytes], code: int, reason: str
+    provider_at: Opener, sent: list[bytes], code: int, reason: str
 ) -> None:
     async def execute(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io",))
@@ -151,19 +164,15 @@ async def test_an_exec_cut_short_by_the_provider_is_not_closed_as_a_success(
         request.transport.abort()
         return ws
 
-    upstream = web.Application()
-    upstream.router.add_get("/api/v1/namespaces/ml-cons/pods/trainer/exec", execute)
-    async with TestServer(upstream) as server:
-        provider = await provider_at(f"http://127.0.0.1:{server.port}")
-        async with await _served(_context(provider, TWIN)) as client:
-            ws = await client.ws_connect(
-                "/exec/ml/trainer/main?command=train&output=1", protocols=("v5.channel.k8s.io",)
-            )
-            got: list[bytes] = []
-            async with asyncio.timeout(10):
-                while (msg := await ws.receive()).type == WSMsgType.BINARY:
-                    got.append(msg.data)
-            await ws.close()
+    async with _kubelet_before(provider_at, "exec", execute) as client:
+        ws = await client.ws_connect(
+            "/exec/ml/trainer/main?command=train&output=1", protocols=("v5.channel.k8s.io",)
+        )
+        got: list[bytes] = []
+        async with asyncio.timeout(10):
+            while (msg := await ws.receive()).type == WSMsgType.BINARY:
+                got.append(msg.data)
+        await ws.close()
     assert msg.type == WSMsgType.CLOSE, msg
     assert (msg.data, msg.extra) == (code, reason)
     assert got == sent
