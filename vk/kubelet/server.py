@@ -111,14 +111,18 @@ def waiting_to_start(pod: RawObject, container: str | None) -> str:
     started (``container "c" in pod "p" is waiting to start: …``), followed by the reason and
     message the virtual kubelet holds the pod Pending with, when it holds it (no provider node
     with room, the namespace not offloaded, a mount not ready): the user asking for its logs
-    learns why there are none. Pure."""
+    learns why there are none. A pod that ended so (refused by the provider) is ``terminated``,
+    as the kubelet says of a container that ended without leaving a log. Pure."""
     name = pod["metadata"]["name"]
     who = f'container "{container}" in pod "{name}"' if container else f'pod "{name}"'
     status = pod.get("status") or {}
     reason, message = status.get("reason"), status.get("message")
-    if reason and message:
-        return f"{who} is waiting to start: {reason}: {message}"
-    return f"{who} is waiting to start: its twin on the provider is not created yet"
+    why = f": {reason}: {message}" if reason and message else ""
+    if status.get("phase") in ("Succeeded", "Failed"):
+        # ended without a twin (refused by the provider, its twin deleted behind our back): not
+        # waiting for anything any more
+        return f"{who} is terminated{why}"
+    return f"{who} is waiting to start{why or ': its twin on the provider is not created yet'}"
 
 
 def _twin_path(twin: RawObject, sub: str) -> str:

@@ -181,6 +181,12 @@ HELD = {"phase": "Pending", "reason": "NamespaceNotOffloaded", "message": "names
         ),
         ({"phase": "Pending"}, "main", f'container "main" in pod "p" is waiting to start: {NOT_YET}'),
         ({}, None, f'pod "p" is waiting to start: {NOT_YET}'),
+        (
+            {"phase": "Failed", "reason": "ProviderRejected", "message": "provider gpu-farm refused the pod"},
+            "main",
+            'container "main" in pod "p" is terminated: ProviderRejected: provider gpu-farm refused the pod',
+        ),
+        ({"phase": "Succeeded"}, None, 'pod "p" is terminated'),
     ],
 )
 def test_a_pod_without_a_twin_says_what_it_waits_for(
