@@ -9,7 +9,7 @@ import pytest
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, NAMESPACES
-from peering.waits import StillThere, wait_all_gone, wait_gone
+from peering.waits import StillThere, wait_all_gone
 
 pytestmark = pytest.mark.integration
 
@@ -32,26 +32,11 @@ async def _release(client: KubeClient, name: str) -> None:
     await client.patch(CONFIGMAPS, "held", {"metadata": {"finalizers": None}}, name)
 
 
-async def test_a_namespace_held_by_content_with_a_finalizer_says_so(consumer_client: KubeClient) -> None:
-    name = await _held_namespace(consumer_client)
-    try:
-        # the namespace controller's first pass comes 5 s after the deletion
-        with pytest.raises(StillThere) as stuck:
-            await wait_gone(consumer_client, NAMESPACES, name, None, timeout=15)
-        assert stuck.value.held.startswith("; held by: finalizers kubernetes; ")
-        assert (
-            "NamespaceFinalizersRemaining: Some content in the namespace has finalizers remaining: "
-            in str(stuck.value)
-        )
-        assert "example.com/hold" in stuck.value.held
-    finally:
-        await _release(consumer_client, name)
-    await wait_gone(consumer_client, NAMESPACES, name, None, timeout=60)
-
-
-async def test_waiting_for_several_to_go_names_the_one_still_held(consumer_client: KubeClient) -> None:
-    """The waits run together: a namespace that goes does not hide one held after it in the list,
-    and the wait ends once both are gone."""
+async def test_waiting_for_several_to_go_names_the_one_still_held_and_what_holds_it(
+    consumer_client: KubeClient,
+) -> None:
+    """The waits run together: a namespace that goes does not hide one held after it in the list;
+    the error says what holds it, as the API server reports it; the wait ends once both are gone."""
     free = f"free-{uuid.uuid4().hex[:6]}"
     await consumer_client.create(
         NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": free}}
@@ -60,9 +45,15 @@ async def test_waiting_for_several_to_go_names_the_one_still_held(consumer_clien
     held = await _held_namespace(consumer_client)
     targets = [(consumer_client, free), (consumer_client, held)]
     try:
+        # the namespace controller's first pass comes 5 s after the deletion
         with pytest.raises(StillThere) as stuck:
             await wait_all_gone(NAMESPACES, targets, timeout=15)
         assert str(stuck.value).startswith(f"Namespace {held} still there after 15s; held by: "), stuck.value
+        assert stuck.value.held.startswith("; held by: finalizers kubernetes; ")
+        assert (
+            "NamespaceFinalizersRemaining: Some content in the namespace has finalizers remaining: "
+            in str(stuck.value)
+        )
         assert "example.com/hold" in stuck.value.held
     finally:
         await _release(consumer_client, held)
