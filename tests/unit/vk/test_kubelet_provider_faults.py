@@ -61,17 +61,13 @@ async def _kubelet_before(
 
 @pytest.fixture
 async def provider_at() -> AsyncIterator[Opener]:
-    opened: list[KubeClient] = []
+    """Opens a client of the provider at a URL; each is closed after the test."""
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def open_(server: str) -> KubeClient:
-        client = KubeClient(Connection(server=server))
-        await client.__aenter__()
-        opened.append(client)
-        return client
+        async def open_(server: str) -> KubeClient:
+            return await stack.enter_async_context(KubeClient(Connection(server=server)))
 
-    yield open_
-    for client in opened:
-        await client.__aexit__(None, None, None)
+        yield open_
 
 
 async def test_a_provider_out_of_reach_is_an_internal_error_in_words(
