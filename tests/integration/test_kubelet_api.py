@@ -47,6 +47,7 @@ from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
 from .stopping import stop
+from .test_vk_pods import held_for_capacity, pod
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
 from .waiting import condition, wait_for
 
@@ -396,27 +397,14 @@ async def test_logs_of_a_pod_held_without_a_twin_say_what_it_waits_for(
     # made. kubectl logs said only "pod ns/big is waiting to start: it has no twin on the
     # provider yet", and the reason was left to `kubectl describe`
     ns = await make_namespace(consumer_client)
-    body: RawObject = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "big"},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "9"}}}
-            ],
-            "nodeName": vk.node,
-            "tolerations": [{"key": VIRTUAL_NODE_TAINT_KEY, "operator": "Exists", "effect": "NoExecute"}],
-            "terminationGracePeriodSeconds": 1,
-        },
-    }
-    await consumer_client.create(PODS, body, ns)
-    held = await wait_for(consumer_client, PODS, "big",
-                          lambda p: (p.get("status") or {}).get("reason") == "ProviderCapacity",
-                          namespace=ns, timeout=30)  # fmt: skip
+    big = pod("big", 9)
+    big["spec"]["nodeName"] = vk.node  # this virtual node, whatever others the session has
+    await consumer_client.create(PODS, big, ns)
+    held = await held_for_capacity(consumer_client, "big", ns)
     rc, out, err = await Kubectl(consumer)("logs", "-n", ns, "big")
     assert rc != 0 and out == ""
     assert err.strip() == (
-        'Error from server (BadRequest): container "main" in pod "big" is waiting to start: '
+        'Error from server (BadRequest): container "cuda" in pod "big" is waiting to start: '
         f"ProviderCapacity: {held['status']['message']}"
     ), err
     assert "waiting for a provider node with room" in err
