@@ -40,10 +40,6 @@ time.sleep(3600)
 """
 
 
-def ns_exec_input(netns: str, stdin: str, *argv: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, *argv], input=stdin, text=True, check=True, timeout=20)
-
-
 @dataclass
 class Remote:
     netns: str
@@ -51,7 +47,7 @@ class Remote:
 
     def partition(self) -> None:
         """Drop everything that reaches the namespace, silently."""
-        ns_exec_input(self.netns, DROP_ALL, "nft", "-f", "-")
+        ns_exec(self.netns, "nft", "-f", "-", input=DROP_ALL)
 
 
 @pytest.fixture

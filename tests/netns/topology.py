@@ -50,17 +50,19 @@ SPOOF_TABLE = "antispoof"
 SERVER = Path(__file__).with_name("echo_server.py")
 
 
-def sh(*argv: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+def sh(
+    *argv: str, check: bool = True, timeout: float = 20, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
     if check and result.returncode:
         raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
     return result
 
 
 def ns_exec(
-    netns: str, *argv: str, check: bool = True, timeout: float = 20
+    netns: str, *argv: str, check: bool = True, timeout: float = 20, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return sh("ip", "netns", "exec", netns, *argv, check=check, timeout=timeout)
+    return sh("ip", "netns", "exec", netns, *argv, check=check, timeout=timeout, input=input)
 
 
 @dataclass
