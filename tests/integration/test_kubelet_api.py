@@ -46,6 +46,7 @@ from vk.kubelet.certificates import ServingCertificate, approve_csr
 from vk.settings import VirtualKubeletSettings
 
 from .conftest import NamespaceFactory
+from .relay import Relay, kubeconfig_via
 from .stopping import stop
 from .test_vk_pods import held_for_capacity, pod
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
@@ -131,17 +132,43 @@ class VirtualKubelet:
         return f"https://{self.settings.node_address}:{self.settings.kubelet_port}"
 
 
+@dataclass
+class ProviderRoute:
+    """How the virtual kubelet reaches the provider's API server."""
+
+    kubeconfig: Path
+    relay: Relay | None = None
+
+
+@pytest.fixture
+async def provider_route(
+    request: pytest.FixtureRequest, provider: LocalCluster, tmp_path: Path
+) -> AsyncIterator[ProviderRoute]:
+    """Straight to the provider; or, parametrized with "relay" (indirectly), through a TCP relay
+    that the test can cut like a partition or a provider API server killed."""
+    if getattr(request, "param", None) != "relay":
+        yield ProviderRoute(provider.spec.kubeconfig)
+        return
+    relay = Relay(provider.spec.ports.apiserver)
+    await relay.start()
+    try:
+        via = kubeconfig_via(provider.spec.kubeconfig, f"https://127.0.0.1:{relay.port}", tmp_path)
+        yield ProviderRoute(via, relay)
+    finally:
+        await relay.stop()
+
+
 @pytest.fixture
 async def vk(
     consumer: LocalCluster,
-    provider: LocalCluster,
+    provider_route: ProviderRoute,
     consumer_client: KubeClient,
     provider_client: KubeClient,
 ) -> AsyncIterator[VirtualKubelet]:
     suffix = uuid.uuid4().hex[:6]
     settings = VirtualKubeletSettings(
         consumer_kubeconfig=consumer.spec.kubeconfig,
-        provider_kubeconfig=provider.spec.kubeconfig,
+        provider_kubeconfig=provider_route.kubeconfig,
         consumer_cluster_id=f"cons-{suffix}",
         provider_cluster_id=f"prov-{suffix}",
         resources={"nvidia.com/gpu": "16", "cpu": "128", "memory": "1Ti", "pods": "110"},
@@ -447,6 +474,49 @@ async def test_kubectl_exec_returns_output_and_exit_status(
         input="first\nsecond\n",
     )
     assert (rc, out) == (0, "got:second:first\n"), err
+
+
+@pytest.mark.parametrize("provider_route", ["relay"], indirect=True)
+async def test_streams_the_provider_breaks_end_and_an_exec_says_so(
+    vk: VirtualKubelet,
+    offloaded: Offloaded,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    provider_route: ProviderRoute,
+) -> None:
+    """The connection to the provider cut while streams are open (a partition, or the provider's
+    API server killed): ``kubectl exec`` fails and says why instead of passing for a command that
+    exited 0, and ``kubectl logs -f`` ends instead of hanging."""
+    await _provider_ready(provider, offloaded)
+    assert provider_route.relay is not None
+    kubectl = Kubectl(consumer)
+    ns, name = offloaded.namespace, offloaded.name
+    async with (
+        kubectl.background("exec", "-n", ns, name, "-c", "main", "--",
+                           "sh", "-c", "echo step 1; sleep 20; echo done") as execd,
+        kubectl.background("logs", "-f", "-n", ns, name, "-c", "main") as follow,
+    ):  # fmt: skip
+        assert execd.stdout is not None and execd.stderr is not None and follow.stdout is not None
+        assert await asyncio.wait_for(execd.stdout.readline(), 30) == b"step 1\n"
+        assert b"epoch 0" in await asyncio.wait_for(follow.stdout.readline(), 30)
+
+        await provider_route.relay.stop()
+        rc, followed = await asyncio.gather(_ended(execd, 15), _ended(follow, 15))
+        assert rc is not None, "kubectl exec went on after the provider was cut off"
+        err = (await execd.stderr.read()).decode()
+        assert rc == 1, f"an exec cut short passed for exit {rc}: {err}"
+        assert "close 1011" in err, err
+        assert "the connection to the provider ended before the command's exit status" in err, err
+        assert await execd.stdout.read() == b"", "the command's rest cannot have come"
+        assert followed is not None, "kubectl logs -f hung after the provider was cut off"
+
+
+async def _ended(proc: asyncio.subprocess.Process, within: float) -> int | None:
+    """``proc``'s exit status, or None if it still runs after ``within`` seconds."""
+    try:
+        return await asyncio.wait_for(proc.wait(), within)
+    except TimeoutError:
+        return None
 
 
 async def test_kubectl_attach_streams_the_containers_output(
