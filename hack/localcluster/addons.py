@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .nodeconfig import CLUSTER_DOMAIN, cluster_dns_ip
+from .nodes import KWOK_NODE_LABEL, KWOK_NODE_VALUE
 from .spec import REAL_NODE_LABEL, ClusterSpec
 
 Manifest = dict[str, Any]
@@ -168,16 +169,18 @@ def coredns(spec: ClusterSpec, image: str) -> list[Manifest]:
 
 
 def metrics_server(image: str) -> list[Manifest]:
-    """metrics-server as its upstream manifest installs it, on the real node's network, scraping
-    only real nodes' kubelets (kwok's and the virtual kubelets' endpoints are on the host's
-    loopback, out of a node's reach), verifying them with the cluster CA."""
+    """metrics-server as its upstream manifest installs it, on the real node's network, verifying
+    kubelets with the cluster CA. It scrapes every node but kwok's: their address, 127.0.0.1, is
+    the real kubelet itself from the real node's network. Virtual nodes are scraped: the kubelet
+    API of a virtual kubelet installed by the chart (a pod) gives its twins' usage (``kubectl
+    top``); one running on the host may be out of reach, which metrics-server logs and skips."""
     app = {"k8s-app": "metrics-server"}
     args = [
         f"--secure-port={METRICS_SERVER_PORT}",
         "--cert-dir=/tmp",
         "--kubelet-preferred-address-types=InternalIP",
         "--kubelet-certificate-authority=/var/run/cluster-ca/ca.crt",
-        f"--node-selector={REAL_NODE_LABEL}=true",
+        f"--node-selector={KWOK_NODE_LABEL}!={KWOK_NODE_VALUE}",
         "--metric-resolution=15s",
     ]
     container = {
@@ -255,6 +258,9 @@ def metrics_server(image: str) -> list[Manifest]:
             "metadata": _meta("metrics-server", **app),
             "spec": {
                 "replicas": 1,
+                # on the node's network, a new pod cannot start beside the old one (its port):
+                # a changed manifest replaces it instead of waiting for room forever
+                "strategy": {"type": "Recreate"},
                 "selector": {"matchLabels": app},
                 "template": {
                     "metadata": {"labels": app},

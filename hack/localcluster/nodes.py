@@ -7,6 +7,8 @@ from typing import Any
 from .spec import NodeSpec
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_LABEL, KWOK_NODE_VALUE = "type", "kwok"
+"""The label every kwok node carries (metrics-server leaves them out)."""
 
 
 def node_manifest(node: NodeSpec) -> dict[str, Any]:
@@ -17,7 +19,7 @@ def node_manifest(node: NodeSpec) -> dict[str, Any]:
         resources["nvidia.com/gpu"] = str(node.gpus)
     resources.update(node.devices)
     labels = {
-        "type": "kwok",
+        KWOK_NODE_LABEL: KWOK_NODE_VALUE,
         "kubernetes.io/hostname": node.name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",

@@ -25,11 +25,13 @@ from hack.localcluster.nodeconfig import (
     kubelet_config,
     node_labels,
 )
+from hack.localcluster.nodes import node_manifest
 from hack.localcluster.realnode import missing_prerequisites
 from hack.localcluster.spec import (
     PROFILE_PORT_BASES,
     REAL_NODE_LABEL,
     ClusterSpec,
+    NodeSpec,
     cluster_specs,
     second_provider_spec,
 )
@@ -142,7 +144,10 @@ def test_dns_service_is_where_the_kubelet_sends_pods(tmp_path: Path) -> None:
         assert pod["containers"][0]["imagePullPolicy"] == "Never"
     ms = by_kind[("Deployment", "metrics-server")]["spec"]["template"]["spec"]
     assert ms["hostNetwork"] is True  # the API server on the host reaches it at the node's address
-    assert f"--node-selector={REAL_NODE_LABEL}=true" in ms["containers"][0]["args"]
+    assert by_kind[("Deployment", "metrics-server")]["spec"]["strategy"]["type"] == "Recreate"
+    # every node but kwok's (127.0.0.1 there is the real kubelet): virtual nodes give kubectl top
+    assert "--node-selector=type!=kwok" in ms["containers"][0]["args"]
+    assert node_manifest(NodeSpec("gpu-0", cpu="8", memory="64Gi"))["metadata"]["labels"]["type"] == "kwok"
     assert "forward" not in by_kind[("ConfigMap", "coredns")]["data"]["Corefile"]
 
 
