@@ -142,6 +142,8 @@ _TWIN_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _RW},
     {"apiGroups": [""], "resources": ["events"], "verbs": _RO},
     {"apiGroups": [""], "resources": ["resourcequotas", "limitranges"], "verbs": _RO},
+    # the twins' usage, which the virtual node's kubelet API gives metrics-server (kubectl top)
+    {"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get", "list"]},
     # DRA: the twins' claim templates and shared claims, copied from the consumer; the devices
     # they may take are bounded by the quota (<class>.deviceclass.resource.k8s.io/devices)
     {

@@ -709,6 +709,15 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         routes = await asyncio.to_thread(node_routes, consumer)
         assert f"10.64.0.0/16 via {new_gateway['status']['podIP']}" in routes, routes
 
+        # kubectl top: the consumer's metrics-server scrapes the virtual node's kubelet API, which
+        # gives what the provider's metrics-server measured of the twin
+        cpu, memory = await top(consumer, "pod", name, "-n", work)
+        _, twin_memory = await top(provider, "pod", twin["metadata"]["name"], "-n", f"{work}-ml-eu")
+        assert cpu >= 0 and memory > 0, (cpu, memory)
+        assert abs(memory - twin_memory) <= 8, (memory, twin_memory)  # MiB: the same working set
+        _, node_memory = await top(consumer, "node", virtual_node_name("gpu-farm"))
+        assert node_memory >= memory, (node_memory, memory)
+
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
     finally:
         consumer.kubectl("delete", "namespace", work, "--wait=false")
@@ -740,6 +749,23 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
     code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "1")
     assert code == 1 and "gpuferry on the consumer runs no gateway" in err, err
     assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
+
+
+async def top(cluster: LocalCluster, *what: str, timeout: float = 150) -> tuple[int, int]:
+    """``kubectl top`` of one pod or node: its CPU in millicores and its memory in MiB, once
+    metrics-server has two scrapes of it (15 s apart)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        out = await asyncio.to_thread(cluster.kubectl, "top", *what, "--no-headers", check=False)
+        fields = out.split()  # a pod: NAME CPU MEMORY; a node: NAME CPU CPU% MEMORY MEMORY%
+        memory = [f for f in fields[2:] if f.endswith("Mi")]
+        if len(fields) >= 3 and fields[1].endswith("m") and memory:
+            return int(fields[1][:-1]), int(memory[0][:-2])
+        assert loop.time() < deadline, (
+            f"no metrics for {' '.join(what)} on {cluster.spec.name} after {timeout:.0f} s: {out}"
+        )
+        await asyncio.sleep(3)
 
 
 def gateway_pod(cluster: LocalCluster) -> RawObject:

@@ -10,8 +10,9 @@ consumer pod bound to this node and its twin on the provider:
   relayed to the twin's ``pods/exec|attach|portforward`` (:mod:`.streams`), SPDY/3.1 upgrades
   passed through to the same (:mod:`.spdy`);
 - ``/pods``, ``/runningpods/``: the consumer pods bound here (running ones: twin Running);
-- ``/stats/summary``, ``/metrics/resource``: node and pod identity and start times; no usage
-  figures, as no usage is collected from the provider (honestly absent, never made up);
+- ``/stats/summary``, ``/metrics/resource``: node and pod identity and start times, and CPU and
+  memory where the provider's metrics API measured a twin (:mod:`vk.forge.usage`; absent, never
+  made up, where it did not);
 - ``/healthz``: ok.
 
 Anything else is a 404 from the router. Every request is authenticated and authorised first
@@ -30,8 +31,18 @@ from aiohttp import web
 
 from kube.clients import KubeClient
 from kube.errors import KubeError
-from kube.objects import ObjectKey, RawObject
+from kube.objects import ObjectKey, RawObject, Resource
 
+from ..forge.usage import (
+    ContainerUsage,
+    CpuCounters,
+    Measured,
+    container_usage,
+    measure,
+    pod_total,
+    resource_metrics,
+    summary_usage,
+)
 from .auth import Authenticator, auth_middleware
 from .certificates import CertificateError, ServingCertificate
 from .spdy import is_spdy, passthrough
@@ -236,66 +247,111 @@ def _iso(dt: datetime.datetime) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+PODMETRICS = Resource("metrics.k8s.io", "v1beta1", "pods", "PodMetrics", namespaced=True)
+
+
+class Usage:
+    """What the usage routes keep between scrapes: the CPU counters, and the last failure to read
+    the provider's metrics (logged when it changes, not at every scrape)."""
+
+    def __init__(self) -> None:
+        self.counters = CpuCounters()
+        self.failed: str | None = None
+
+    async def read(
+        self, ctx: KubeletContext, pods: list[RawObject]
+    ) -> tuple[list[Measured], Measured | None]:
+        """The usage of ``pods``' containers that the provider's metrics API gives for their
+        twins (one list per twin namespace), and the node's; sets :attr:`failed`."""
+        twins: dict[str, dict[str, str]] = {}  # twin namespace -> twin name -> consumer pod UID
+        for pod in pods:
+            meta = pod["metadata"]
+            twin = ctx.twin_pod(ObjectKey(meta.get("namespace"), meta["name"]))
+            if twin is not None:
+                tmeta = twin["metadata"]
+                twins.setdefault(tmeta["namespace"], {})[tmeta["name"]] = str(meta.get("uid"))
+        listed = await asyncio.gather(
+            *(ctx.provider.list(PODMETRICS, ns) for ns in twins), return_exceptions=True
+        )
+        usage: dict[str, dict[str, ContainerUsage]] = {}
+        failures = []
+        for ns, result in zip(twins, listed, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                failures.append(f"{ns}: {result}")
+                continue
+            for item in result.get("items") or ():
+                uid = twins[ns].get(item["metadata"]["name"])
+                if uid is not None:
+                    usage[uid] = container_usage(item)
+        failed = "; ".join(failures) or None
+        if failed != self.failed:
+            if failed:
+                logger.warning("usage of the pods on %s not read from the provider: %s",
+                               ctx.node_name, failed)  # fmt: skip
+            elif self.failed:
+                logger.info("usage of the pods on %s read from the provider again", ctx.node_name)
+            self.failed = failed
+        return measure(pods, usage, self.counters)
+
+
+USAGE = web.AppKey("kubelet_usage", Usage)
+
+
 async def stats_summary(request: web.Request) -> web.Response:
-    """The Summary API's shape with identities and start times only: no usage is collected."""
+    """The Summary API's shape: identities and start times, and CPU and memory where the
+    provider's metrics API measured the twin (:mod:`vk.forge.usage`)."""
     ctx = request.app[CONTEXT]
+    local = _local_pods(ctx)
+    measured, node = await request.app[USAGE].read(ctx, local)
+    by_container = {(m.namespace, m.pod, m.container): m for m in measured}
     pod_stats = []
-    for pod in _local_pods(ctx):
+    for pod in local:
         meta, status = pod["metadata"], pod.get("status") or {}
         containers = []
+        ours = []
         for cs in status.get("containerStatuses") or ():
             started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            containers.append({"name": cs["name"], **({"startTime": started} if started else {})})
-        entry: RawObject = {
+            entry = {"name": cs["name"], **({"startTime": started} if started else {})}
+            if (m := by_container.get((meta.get("namespace"), meta["name"], cs["name"]))) is not None:
+                entry.update(summary_usage(m))
+                ours.append(m)
+            containers.append(entry)
+        stats: RawObject = {
             "podRef": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid")},
             "containers": containers,
         }
         if status.get("startTime"):
-            entry["startTime"] = status["startTime"]
-        pod_stats.append(entry)
-    body = {
-        "node": {"nodeName": ctx.node_name, "startTime": _iso(ctx.started), "systemContainers": []},
-        "pods": pod_stats,
+            stats["startTime"] = status["startTime"]
+        if (total := pod_total(ours)) is not None:
+            stats.update(summary_usage(total))
+        pod_stats.append(stats)
+    node_stats: RawObject = {
+        "nodeName": ctx.node_name,
+        "startTime": _iso(ctx.started),
+        "systemContainers": [],
     }
-    return web.json_response(body)
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    if node is not None:
+        node_stats.update(summary_usage(node))
+    return web.json_response({"node": node_stats, "pods": pod_stats})
 
 
 async def metrics_resource(request: web.Request) -> web.Response:
-    """The resource metrics endpoint: container start times; usage series are absent because
-    none is collected from the provider (metrics-server skips containers without them)."""
+    """The resource metrics endpoint that metrics-server scrapes (``kubectl top``): container
+    start times, and the usage the provider's metrics API measured for the twins."""
     ctx = request.app[CONTEXT]
-    lines = [
-        "# HELP container_start_time_seconds [STABLE] Start time of the container since unix epoch "
-        "in seconds",
-        "# TYPE container_start_time_seconds gauge",
-    ]
-    for pod in _local_pods(ctx):
-        meta = pod["metadata"]
-        for cs in (pod.get("status") or {}).get("containerStatuses") or ():
-            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            if not started:
-                continue
-            ts = datetime.datetime.fromisoformat(str(started).replace("Z", "+00:00")).timestamp()
-            lines.append(
-                f'container_start_time_seconds{{container="{_label(cs["name"])}",'
-                f'namespace="{_label(str(meta.get("namespace")))}",pod="{_label(meta["name"])}"}} {ts:.0f}'
-            )
-    lines += [
-        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container "
-        "metrics, 0 otherwise",
-        "# TYPE resource_scrape_error gauge",
-        "resource_scrape_error 0",
-    ]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8")
+    local = _local_pods(ctx)
+    usage = request.app[USAGE]
+    measured, node = await usage.read(ctx, local)
+    text = resource_metrics(local, measured, node, scrape_error=usage.failed is not None)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 def make_app(ctx: KubeletContext, authn: Authenticator) -> web.Application:
     app = web.Application(middlewares=[auth_middleware(authn)])
     app[CONTEXT] = ctx
+    app[USAGE] = Usage()
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/pods", pods)

@@ -1,0 +1,149 @@
+"""The provider's PodMetrics told as a kubelet's resource metrics: the rate that metrics-server
+computes from two scrapes is the rate the provider measured."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kube.objects import RawObject
+from vk.forge.usage import (
+    MIN_CPU_SECONDS,
+    ContainerUsage,
+    CpuCounters,
+    _seconds,
+    container_usage,
+    measure,
+    parse_time,
+    resource_metrics,
+    summary_usage,
+)
+
+T0 = parse_time("2026-11-28T10:00:00Z")
+
+
+def pod_metrics(name: str, at: str, window: str, **containers: tuple[str, str]) -> RawObject:
+    """A PodMetrics as the provider's metrics-server lists it."""
+    return {
+        "kind": "PodMetrics",
+        "apiVersion": "metrics.k8s.io/v1beta1",
+        "metadata": {"name": name, "namespace": "ml-ml-eu", "creationTimestamp": at},
+        "timestamp": at,
+        "window": window,
+        "containers": [
+            {"name": c, "usage": {"cpu": cpu, "memory": mem}} for c, (cpu, mem) in containers.items()
+        ],
+    }
+
+
+def consumer_pod(name: str, uid: str, started: str | None = "2026-11-28T09:59:00Z") -> RawObject:
+    running = {"running": {"startedAt": started}} if started else {"waiting": {}}
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "status": {"containerStatuses": [{"name": "main", "state": running}]},
+    }
+
+
+def series(text: str) -> dict[str, tuple[float, int | None]]:
+    """name{labels} -> (value, timestamp in ms) of a Prometheus text exposition."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        m = re.fullmatch(r"(\S+?(?:\{[^}]*\})?) (\S+)(?: (\d+))?", line)
+        assert m, line
+        found[m[1]] = (float(m[2]), int(m[3]) if m[3] else None)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("duration", "seconds"),
+    [("15.027s", 15.027), ("1m0s", 60.0), ("1m30.5s", 90.5), ("250ms", 0.25), ("", 0.0), ("10s", 10.0)],
+)
+def test_go_durations(duration: str, seconds: float) -> None:
+    assert _seconds(duration) == pytest.approx(seconds)
+
+
+def test_pod_metrics_read_as_rates_and_bytes() -> None:
+    got = container_usage(
+        pod_metrics(
+            "trainer", "2026-11-28T10:00:00Z", "15.5s", main=("250m", "64Mi"), side=("1234567n", "100Ki")
+        )
+    )
+    assert got == {
+        "main": ContainerUsage(0.25, 64 * 2**20, T0, 15.5),
+        "side": ContainerUsage(0.001234567, 102400, T0, 15.5),
+    }
+
+
+def test_the_counter_integrates_the_providers_rates() -> None:
+    c = CpuCounters()
+    key = ("uid", "main")
+    # first sample: its window, or the time since the container started where shorter
+    assert c.advance(key, 0.5, T0, 15.0) == pytest.approx(7.5)
+    assert c.advance(("young", "main"), 0.5, T0, 15.0, started=T0 - 4) == pytest.approx(2.0)
+    # the same sample again (scraped twice before the provider measured anew): unchanged
+    assert c.advance(key, 0.5, T0, 15.0) == pytest.approx(7.5)
+    # then the rate times the time since the last sample
+    assert c.advance(key, 2.0, T0 + 15, 15.0) == pytest.approx(37.5)
+    # idle is not nothing: metrics-server drops a container whose counter is 0
+    assert c.advance(("idle", "main"), 0.0, T0, 15.0) == MIN_CPU_SECONDS
+    # forgotten when gone
+    c.keep([key])
+    assert c.advance(("young", "main"), 1.0, T0 + 15, 15.0) == pytest.approx(15.0)
+
+
+def test_two_scrapes_give_metrics_server_the_providers_rate() -> None:
+    counters = CpuCounters()
+    pods = [consumer_pod("trainer", "u1"), consumer_pod("other", "u2")]
+    scrapes = []
+    for at, cpu in (("2026-11-28T10:00:00Z", "500m"), ("2026-11-28T10:00:15Z", "1500m")):
+        usage = {"u1": container_usage(pod_metrics("trainer", at, "15s", main=(cpu, "2Gi")))}
+        measured, node = measure(pods, usage, counters)
+        scrapes.append(series(resource_metrics(pods, measured, node, scrape_error=False)))
+    cpu_key = 'container_cpu_usage_seconds_total{container="main",namespace="ml",pod="trainer"}'
+    (c1, t1), (c2, t2) = scrapes[0][cpu_key], scrapes[1][cpu_key]
+    assert t1 is not None and t2 is not None and t2 - t1 == 15000
+    assert (c2 - c1) / ((t2 - t1) / 1000) == pytest.approx(1.5)  # what metrics-server computes
+    mem = scrapes[1]['container_memory_working_set_bytes{container="main",namespace="ml",pod="trainer"}']
+    assert mem == (2 * 2**30, t2)
+    # the node: the sum of its pods, a counter that only grows
+    (n1, _), (n2, nt2) = (
+        scrapes[0]["node_cpu_usage_seconds_total"],
+        scrapes[1]["node_cpu_usage_seconds_total"],
+    )
+    assert (n2 - n1) / 15 == pytest.approx(1.5) and nt2 == t2
+    assert scrapes[1]["node_memory_working_set_bytes"][0] == 2 * 2**30
+    # a pod the provider did not measure gets a start time and no usage, never a made-up one
+    assert 'container_start_time_seconds{container="main",namespace="ml",pod="other"}' in scrapes[1]
+    assert not [k for k in scrapes[1] if "usage" in k and 'pod="other"' in k]
+    assert scrapes[1]["resource_scrape_error"] == (0.0, None)
+
+
+def test_nothing_measured_means_no_usage_and_a_failure_says_so() -> None:
+    pods = [consumer_pod("trainer", "u1"), consumer_pod("waiting", "u3", started=None)]
+    measured, node = measure(pods, {}, CpuCounters())
+    assert (measured, node) == ([], None)
+    got = series(resource_metrics(pods, measured, node, scrape_error=True))
+    assert got == {
+        'container_start_time_seconds{container="main",namespace="ml",pod="trainer"}': (
+            parse_time("2026-11-28T09:59:00Z"),
+            None,
+        ),
+        "resource_scrape_error": (1.0, None),
+    }
+
+
+def test_summary_usage_is_the_summary_apis_shape() -> None:
+    counters = CpuCounters()
+    usage = {"u1": container_usage(pod_metrics("trainer", "2026-11-28T10:00:00Z", "10s", main=("2", "1Gi")))}
+    (m,), _ = measure([consumer_pod("trainer", "u1")], usage, counters)
+    assert summary_usage(m) == {
+        "cpu": {
+            "time": "2026-11-28T10:00:00Z",
+            "usageNanoCores": 2_000_000_000,
+            "usageCoreNanoSeconds": 20_000_000_000,
+        },
+        "memory": {"time": "2026-11-28T10:00:00Z", "workingSetBytes": 2**30},
+    }

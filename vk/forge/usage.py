@@ -1,0 +1,268 @@
+"""What the provider's metrics API says a twin uses, told as a kubelet tells it of its pods: the
+resource metrics (``/metrics/resource``, which metrics-server scrapes for ``kubectl top``) and
+the Summary API's CPU and memory. Pure.
+
+The provider's metrics-server gives each twin container a CPU *rate* (cores, averaged over a
+window that ends at a timestamp) and a memory working set. A kubelet gives a *cumulative* CPU
+counter instead, from which the consumer's metrics-server computes the rate between two of its
+scrapes. :class:`CpuCounters` makes that counter from the provider's rates: each new sample adds
+its rate times the time since the last one, so the rate the consumer computes is the provider's.
+A container is given usage only where the provider measured it; nothing is made up for one it
+did not.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kube.objects import RawObject
+from kube.quantities import parse_quantity
+
+MIN_CPU_SECONDS = 1e-9
+"""The least a counter starts at. metrics-server drops a container whose counter is 0 (never so
+on a kubelet, where starting a process costs CPU); a twin measured idle in its first window
+would be dropped with it."""
+
+
+@dataclass(frozen=True)
+class ContainerUsage:
+    """One container's usage as the provider's metrics API gave it."""
+
+    cpu_cores: float
+    memory_bytes: int
+    timestamp: float
+    """Unix seconds: the end of the window the CPU rate is averaged over."""
+    window: float
+    """Seconds the CPU rate is averaged over."""
+
+
+def parse_time(value: str) -> float:
+    """Unix seconds of an RFC 3339 time as the API server writes it. Pure."""
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _seconds(duration: str | None) -> float:
+    """Seconds of a Go duration as metrics-server writes a window (``15.027s``, ``1m0s``). Pure."""
+    if not duration:
+        return 0.0
+    total, number = 0.0, ""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    i = 0
+    while i < len(duration):
+        ch = duration[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = duration[i : i + 2] if duration[i : i + 2] in units else ch
+        total += float(number or 0) * units.get(unit, 0.0)
+        number, i = "", i + len(unit)
+    return total
+
+
+def container_usage(pod_metrics: RawObject) -> dict[str, ContainerUsage]:
+    """A PodMetrics object's containers, by name. Pure."""
+    timestamp = parse_time(str(pod_metrics.get("timestamp")))
+    window = _seconds(pod_metrics.get("window"))
+    found = {}
+    for container in pod_metrics.get("containers") or ():
+        usage = container.get("usage") or {}
+        if "cpu" not in usage or "memory" not in usage:
+            continue
+        found[container["name"]] = ContainerUsage(
+            cpu_cores=float(parse_quantity(usage["cpu"])),
+            memory_bytes=int(parse_quantity(usage["memory"])),
+            timestamp=timestamp,
+            window=window,
+        )
+    return found
+
+
+class CpuCounters:
+    """Cumulative CPU seconds by key (a consumer pod's UID and a container name, or the node),
+    advanced by each sample the provider takes. In memory only: after a restart a counter starts
+    again, which metrics-server reads as the container restarted (one scrape without a figure)."""
+
+    def __init__(self) -> None:
+        self._at: dict[tuple[str, str], tuple[float, float]] = {}
+        """key -> (timestamp of the last sample, CPU seconds then)."""
+
+    def advance(self, key: tuple[str, str], cores: float, timestamp: float, window: float,
+                started: float | None = None) -> float:  # fmt: skip
+        """The counter of ``key`` at ``timestamp``, where the rate was ``cores`` over the
+        ``window`` before it. A first sample counts its window, or the time since the container
+        ``started`` if shorter; the same sample again changes nothing."""
+        last = self._at.get(key)
+        if last is None:
+            span = window if started is None else max(0.0, min(window, timestamp - started))
+            total = cores * span
+        elif timestamp > last[0]:
+            total = last[1] + cores * (timestamp - last[0])
+        else:
+            return last[1]
+        total = max(total, MIN_CPU_SECONDS, last[1] if last is not None else 0.0)
+        self._at[key] = (timestamp, total)
+        return total
+
+    def keep(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Forget every counter but those of ``keys`` (the containers still here)."""
+        wanted = set(keys)
+        for key in [k for k in self._at if k not in wanted]:
+            del self._at[key]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A consumer container's usage, its counter advanced."""
+
+    namespace: str
+    pod: str
+    container: str
+    cpu_seconds: float
+    cpu_cores: float
+    memory_bytes: int
+    timestamp: float
+
+
+NODE_KEY = ("", "node")
+
+
+def measure(
+    pods: Iterable[RawObject],
+    usage: Mapping[str, Mapping[str, ContainerUsage]],
+    counters: CpuCounters,
+) -> tuple[list[Measured], Measured | None]:
+    """Each container of the consumer ``pods`` that the provider measured (``usage``: by
+    consumer pod UID, then container name), and the node's total (None: nothing measured).
+    Advances ``counters`` and forgets those of containers gone. Pure but for ``counters``."""
+    measured: list[Measured] = []
+    kept: list[tuple[str, str]] = [NODE_KEY]
+    for pod in pods:
+        meta = pod["metadata"]
+        uid = str(meta.get("uid"))
+        containers = usage.get(uid) or {}
+        started = _started(pod)
+        for name, u in sorted(containers.items()):
+            key = (uid, name)
+            kept.append(key)
+            seconds = counters.advance(key, u.cpu_cores, u.timestamp, u.window, started.get(name))
+            measured.append(
+                Measured(
+                    str(meta.get("namespace")),
+                    meta["name"],
+                    name,
+                    seconds,
+                    u.cpu_cores,
+                    u.memory_bytes,
+                    u.timestamp,
+                )
+            )
+    counters.keep(kept)
+    if not measured:
+        return measured, None
+    at = max(m.timestamp for m in measured)
+    cores = sum(m.cpu_cores for m in measured)
+    window = max((u.window for c in usage.values() for u in c.values()), default=0.0)
+    seconds = counters.advance(NODE_KEY, cores, at, window)
+    node = Measured("", "", "", seconds, cores, sum(m.memory_bytes for m in measured), at)
+    return measured, node
+
+
+def _started(pod: RawObject) -> dict[str, float]:
+    """Unix start time of each running container of ``pod``. Pure."""
+    found = {}
+    for cs in (pod.get("status") or {}).get("containerStatuses") or ():
+        started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+        if started:
+            found[cs["name"]] = parse_time(str(started))
+    return found
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _series(name: str, labels: Mapping[str, str], value: float, timestamp: float | None = None) -> str:
+    inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+    at = f" {int(timestamp * 1000)}" if timestamp is not None else ""
+    return f"{name}{{{inner}}} {value:.15g}{at}" if inner else f"{name} {value:.15g}{at}"
+
+
+CONTAINER_USAGE: list[tuple[str, str, str, Callable[[Measured], float]]] = [
+    ("container_cpu_usage_seconds_total", "counter",
+     "Cumulative cpu time consumed by the container in core-seconds", lambda m: m.cpu_seconds),
+    ("container_memory_working_set_bytes", "gauge",
+     "Current working set of the container in bytes", lambda m: m.memory_bytes),
+]  # fmt: skip
+"""A container's usage series as the kubelet names and describes them."""
+
+
+def resource_metrics(
+    pods: Iterable[RawObject], measured: Iterable[Measured], node: Measured | None, scrape_error: bool
+) -> str:
+    """The kubelet's ``/metrics/resource`` text: start times of the running containers of
+    ``pods``, then the usage ``measured``, the node's, and whether reading the provider
+    failed. Pure."""
+    measured = list(measured)
+    lines = [
+        "# HELP container_start_time_seconds [STABLE] Start time of the container since unix epoch "
+        "in seconds",
+        "# TYPE container_start_time_seconds gauge",
+    ]
+    for pod in pods:
+        meta = pod["metadata"]
+        for name, started in sorted(_started(pod).items()):
+            labels = {"container": name, "namespace": str(meta.get("namespace")), "pod": meta["name"]}
+            lines.append(_series("container_start_time_seconds", labels, round(started)))
+    for name, kind, help_, value in CONTAINER_USAGE if measured else ():
+        lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
+        for m in measured:
+            labels = {"container": m.container, "namespace": m.namespace, "pod": m.pod}
+            lines.append(_series(name, labels, value(m), m.timestamp))
+    if node is not None:
+        lines += [
+            "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in "
+            "core-seconds",
+            "# TYPE node_cpu_usage_seconds_total counter",
+            _series("node_cpu_usage_seconds_total", {}, node.cpu_seconds, node.timestamp),
+            "# HELP node_memory_working_set_bytes [STABLE] Current working set of the node in bytes",
+            "# TYPE node_memory_working_set_bytes gauge",
+            _series("node_memory_working_set_bytes", {}, node.memory_bytes, node.timestamp),
+        ]
+    lines += [
+        "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, "
+        "0 otherwise",
+        "# TYPE resource_scrape_error gauge",
+        f"resource_scrape_error {int(scrape_error)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def summary_usage(m: Measured) -> dict[str, Any]:
+    """The Summary API's ``cpu`` and ``memory`` of a container (or a pod, or the node). Pure."""
+    at = _iso(m.timestamp)
+    return {
+        "cpu": {
+            "time": at,
+            "usageNanoCores": round(m.cpu_cores * 1e9),
+            "usageCoreNanoSeconds": round(m.cpu_seconds * 1e9),
+        },
+        "memory": {"time": at, "workingSetBytes": m.memory_bytes},
+    }
+
+
+def pod_total(measured: Iterable[Measured]) -> Measured | None:
+    """A pod's containers added up (None: none measured). Pure."""
+    ms = list(measured)
+    if not ms:
+        return None
+    return Measured(ms[0].namespace, ms[0].pod, "", sum(m.cpu_seconds for m in ms),
+                    sum(m.cpu_cores for m in ms), sum(m.memory_bytes for m in ms),
+                    max(m.timestamp for m in ms))  # fmt: skip
