@@ -248,15 +248,19 @@ def _iso(dt: datetime.datetime) -> str:
 
 
 PODMETRICS = Resource("metrics.k8s.io", "v1beta1", "pods", "PodMetrics", namespaced=True)
+USAGE_READ_SECONDS = 5.0
+"""How long a scrape waits for the provider's metrics: metrics-server gives a kubelet 10 s, and a
+provider slow or away should cost the node its usage figures, not the whole scrape."""
 
 
 class Usage:
     """What the usage routes keep between scrapes: the CPU counters, and the last failure to read
     the provider's metrics (logged when it changes, not at every scrape)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = USAGE_READ_SECONDS) -> None:
         self.counters = CpuCounters()
         self.failed: str | None = None
+        self.timeout = timeout
 
     async def read(
         self, ctx: KubeletContext, pods: list[RawObject]
@@ -270,16 +274,19 @@ class Usage:
             if twin is not None:
                 tmeta = twin["metadata"]
                 twins.setdefault(tmeta["namespace"], {})[tmeta["name"]] = str(meta.get("uid"))
-        listed = await asyncio.gather(
-            *(ctx.provider.list(PODMETRICS, ns) for ns in twins), return_exceptions=True
-        )
+
+        async def metrics_of(namespace: str) -> RawObject:
+            async with asyncio.timeout(self.timeout):
+                return await ctx.provider.list(PODMETRICS, namespace)
+
+        listed = await asyncio.gather(*(metrics_of(ns) for ns in twins), return_exceptions=True)
         usage: dict[str, dict[str, ContainerUsage]] = {}
         failures = []
         for ns, result in zip(twins, listed, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
-                failures.append(f"{ns}: {result}")
+                failures.append(f"{ns}: {result or type(result).__name__}")
                 continue
             for item in result.get("items") or ():
                 uid = twins[ns].get(item["metadata"]["name"])

@@ -1,5 +1,5 @@
 """The kubelet API when the provider fails it: logs out of reach or cut short, an exec whose
-connection to the provider drops. The routes are served as they are (aiohttp's test server, our
+connection to the provider drops, a metrics API that hangs or refuses the tenant. The routes are served as they are (aiohttp's test server, our
 handlers); the provider is a port nothing listens on, or a server that drops the connection
 mid-stream, a fault a real API server does not make on demand."""
 
@@ -18,7 +18,7 @@ from kube.clients import KubeClient
 from kube.kubeconfigs import Connection
 from kube.objects import ObjectKey, RawObject
 from kube.ports import free_port
-from vk.kubelet.server import CONTEXT, KubeletContext, container_logs, exec_
+from vk.kubelet.server import CONTEXT, USAGE, KubeletContext, Usage, container_logs, exec_, metrics_resource
 
 POD: RawObject = {"metadata": {"name": "trainer", "namespace": "ml"}, "status": {"phase": "Running"}}
 TWIN: RawObject = {"metadata": {"name": "trainer", "namespace": "ml-cons"}}
@@ -38,8 +38,10 @@ def _context(provider: KubeClient, twin: RawObject | None) -> KubeletContext:
 async def _served(ctx: KubeletContext) -> TestClient[web.Request, web.Application]:
     app = web.Application()
     app[CONTEXT] = ctx
+    app[USAGE] = Usage(timeout=0.5)
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
     app.router.add_get("/exec/{namespace}/{pod}/{container}", exec_)
+    app.router.add_get("/metrics/resource", metrics_resource)
     return TestClient(TestServer(app))
 
 
@@ -50,9 +52,11 @@ Opener = Callable[[str], Awaitable[KubeClient]]
 async def _kubelet_before(
     provider_at: Opener, sub: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    """Our kubelet routes, in front of a provider that answers the twin's ``sub`` with ``handler``."""
+    """Our kubelet routes, in front of a provider that answers the twin's ``sub`` (or the path
+    ``sub``, when it starts with ``/``) with ``handler``."""
     upstream = web.Application()
-    upstream.router.add_get(f"/api/v1/namespaces/ml-cons/pods/trainer/{sub}", handler)
+    path = sub if sub.startswith("/") else f"/api/v1/namespaces/ml-cons/pods/trainer/{sub}"
+    upstream.router.add_get(path, handler)
     async with TestServer(upstream) as server:
         provider = await provider_at(f"http://127.0.0.1:{server.port}")
         async with await _served(_context(provider, TWIN)) as client:
@@ -172,3 +176,31 @@ async def test_an_exec_cut_short_by_the_provider_is_not_closed_as_a_success(
     assert msg.type == WSMsgType.CLOSE, msg
     assert (msg.data, msg.extra) == (code, reason)
     assert got == sent
+
+
+async def _hang(_: web.Request) -> web.StreamResponse:
+    await asyncio.sleep(60)
+    return web.Response()
+
+
+async def _forbidden(_: web.Request) -> web.StreamResponse:
+    said = 'pods.metrics.k8s.io is forbidden: User "tenant" cannot list resource "pods"'
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+              "message": said}  # fmt: skip
+    return web.json_response(status, status=403)
+
+
+@pytest.mark.parametrize("provider_metrics", [_hang, _forbidden], ids=["hangs", "forbidden"])
+async def test_usage_the_provider_does_not_give_costs_the_figures_not_the_scrape(
+    provider_at: Opener, provider_metrics: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> None:
+    """metrics-server gives a kubelet 10 s: a provider whose metrics API hangs or refuses the
+    tenant still lets the scrape answer, in time, without usage and with the scrape error set."""
+    metrics_path = "/apis/metrics.k8s.io/v1beta1/namespaces/ml-cons/pods"
+    async with _kubelet_before(provider_at, metrics_path, provider_metrics) as client:
+        async with asyncio.timeout(5):
+            answer = await client.get("/metrics/resource")
+        text = await answer.text()
+    assert answer.status == 200, text
+    assert "resource_scrape_error 1" in text.splitlines()
+    assert "usage" not in text and "working_set" not in text, text
