@@ -107,10 +107,11 @@ class CpuCounters:
         self._at[key] = (timestamp, total)
         return total
 
-    def keep(self, keys: Iterable[tuple[str, str]]) -> None:
-        """Forget every counter but those of ``keys`` (the containers still here)."""
-        wanted = set(keys)
-        for key in [k for k in self._at if k not in wanted]:
+    def keep(self, uids: Iterable[str]) -> None:
+        """Forget the counters of every pod but those of ``uids`` (the pods still here; one the
+        provider did not measure this time keeps its counter, which a new start would lower)."""
+        wanted = {*uids, NODE_KEY[0]}
+        for key in [k for k in self._at if k[0] not in wanted]:
             del self._at[key]
 
 
@@ -137,18 +138,17 @@ def measure(
 ) -> tuple[list[Measured], Measured | None]:
     """Each container of the consumer ``pods`` that the provider measured (``usage``: by
     consumer pod UID, then container name), and the node's total (None: nothing measured).
-    Advances ``counters`` and forgets those of containers gone. Pure but for ``counters``."""
+    Advances ``counters`` and forgets those of pods gone. Pure but for ``counters``."""
     measured: list[Measured] = []
-    kept: list[tuple[str, str]] = [NODE_KEY]
+    kept: list[str] = []
     for pod in pods:
         meta = pod["metadata"]
         uid = str(meta.get("uid"))
+        kept.append(uid)
         containers = usage.get(uid) or {}
         started = _started(pod)
         for name, u in sorted(containers.items()):
-            key = (uid, name)
-            kept.append(key)
-            seconds = counters.advance(key, u.cpu_cores, u.timestamp, u.window, started.get(name))
+            seconds = counters.advance((uid, name), u.cpu_cores, u.timestamp, u.window, started.get(name))
             measured.append(
                 Measured(
                     str(meta.get("namespace")),

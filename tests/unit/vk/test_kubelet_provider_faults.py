@@ -1,7 +1,8 @@
 """The kubelet API when the provider fails it: logs out of reach or cut short, an exec whose
-connection to the provider drops, a metrics API that hangs or refuses the tenant. The routes are served as they are (aiohttp's test server, our
-handlers); the provider is a port nothing listens on, or a server that drops the connection
-mid-stream, a fault a real API server does not make on demand."""
+connection to the provider drops, a metrics API that hangs or refuses the tenant. The routes are
+served as they are (aiohttp's test server, our handlers); the provider is a port nothing listens
+on, or a server that drops the connection mid-stream or hangs, faults a real API server does not
+make on demand."""
 
 from __future__ import annotations
 

@@ -89,9 +89,10 @@ def test_the_counter_integrates_the_providers_rates() -> None:
     assert c.advance(key, 2.0, T0 + 15, 15.0) == pytest.approx(37.5)
     # idle is not nothing: metrics-server drops a container whose counter is 0
     assert c.advance(("idle", "main"), 0.0, T0, 15.0) == MIN_CPU_SECONDS
-    # forgotten when gone
-    c.keep([key])
+    # forgotten when its pod is gone, kept while it is here
+    c.keep(["uid"])
     assert c.advance(("young", "main"), 1.0, T0 + 15, 15.0) == pytest.approx(15.0)
+    assert c.advance(key, 2.0, T0 + 30, 15.0) == pytest.approx(67.5)
 
 
 def test_two_scrapes_give_metrics_server_the_providers_rate() -> None:
@@ -119,6 +120,19 @@ def test_two_scrapes_give_metrics_server_the_providers_rate() -> None:
     assert 'container_start_time_seconds{container="main",namespace="ml",pod="other"}' in scrapes[1]
     assert not [k for k in scrapes[1] if "usage" in k and 'pod="other"' in k]
     assert scrapes[1]["resource_scrape_error"] == (0.0, None)
+
+
+def test_a_scrape_the_provider_failed_does_not_start_the_counters_again() -> None:
+    """A read of the provider that failed (nothing measured this time) keeps the counters: one
+    started again would go down, which metrics-server takes for an error."""
+    counters = CpuCounters()
+    pods = [consumer_pod("trainer", "u1")]
+    first = {"u1": container_usage(pod_metrics("trainer", "2026-11-28T10:00:00Z", "15s", main=("1", "1Gi")))}
+    (m1,), _ = measure(pods, first, counters)
+    assert measure(pods, {}, counters) == ([], None)
+    later = {"u1": container_usage(pod_metrics("trainer", "2026-11-28T10:00:30Z", "15s", main=("1", "1Gi")))}
+    (m2,), _ = measure(pods, later, counters)
+    assert m2.cpu_seconds == pytest.approx(m1.cpu_seconds + 30)
 
 
 def test_nothing_measured_means_no_usage_and_a_failure_says_so() -> None:
