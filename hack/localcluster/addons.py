@@ -259,8 +259,10 @@ def metrics_server(image: str) -> list[Manifest]:
             "spec": {
                 "replicas": 1,
                 # on the node's network, a new pod cannot start beside the old one (its port):
-                # a changed manifest replaces it instead of waiting for room forever
-                "strategy": {"type": "Recreate"},
+                # the old one goes first, or a changed manifest waits for room forever. (Not
+                # Recreate: server-side apply keeps the rollingUpdate default of a Deployment
+                # made before, which Recreate refuses.)
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
                 "selector": {"matchLabels": app},
                 "template": {
                     "metadata": {"labels": app},

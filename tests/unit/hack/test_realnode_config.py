@@ -144,7 +144,7 @@ def test_dns_service_is_where_the_kubelet_sends_pods(tmp_path: Path) -> None:
         assert pod["containers"][0]["imagePullPolicy"] == "Never"
     ms = by_kind[("Deployment", "metrics-server")]["spec"]["template"]["spec"]
     assert ms["hostNetwork"] is True  # the API server on the host reaches it at the node's address
-    assert by_kind[("Deployment", "metrics-server")]["spec"]["strategy"]["type"] == "Recreate"
+    assert by_kind[("Deployment", "metrics-server")]["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     # every node but kwok's (127.0.0.1 there is the real kubelet): virtual nodes give kubectl top
     assert "--node-selector=type!=kwok" in ms["containers"][0]["args"]
     assert node_manifest(NodeSpec("gpu-0", cpu="8", memory="64Gi"))["metadata"]["labels"]["type"] == "kwok"
