@@ -289,9 +289,13 @@ class Usage:
                 failures.append(f"{ns}: {result or type(result).__name__}")
                 continue
             for item in result.get("items") or ():
-                uid = twins[ns].get(item["metadata"]["name"])
-                if uid is not None:
+                name = (item.get("metadata") or {}).get("name")
+                if (uid := twins[ns].get(name)) is None:
+                    continue
+                try:
                     usage[uid] = container_usage(item)
+                except (ValueError, TypeError, KeyError) as exc:  # one odd item costs its pod only
+                    failures.append(f"{ns}/{name}: PodMetrics not readable: {exc!r}")
         failed = "; ".join(failures) or None
         if failed != self.failed:
             if failed:

@@ -191,12 +191,22 @@ async def _forbidden(_: web.Request) -> web.StreamResponse:
     return web.json_response(status, status=403)
 
 
-@pytest.mark.parametrize("provider_metrics", [_hang, _forbidden], ids=["hangs", "forbidden"])
+async def _garbled(_: web.Request) -> web.StreamResponse:
+    item = {"metadata": {"name": "trainer", "namespace": "ml-cons"}, "window": "15s",
+            "containers": [{"name": "main", "usage": {"cpu": "lots", "memory": "1Gi"}}]}  # fmt: skip
+    listed = {"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1", "items": [item]}
+    return web.json_response(listed)
+
+
+@pytest.mark.parametrize(
+    "provider_metrics", [_hang, _forbidden, _garbled], ids=["hangs", "forbidden", "garbled"]
+)
 async def test_usage_the_provider_does_not_give_costs_the_figures_not_the_scrape(
     provider_at: Opener, provider_metrics: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> None:
-    """metrics-server gives a kubelet 10 s: a provider whose metrics API hangs or refuses the
-    tenant still lets the scrape answer, in time, without usage and with the scrape error set."""
+    """metrics-server gives a kubelet 10 s: a provider whose metrics API hangs, refuses the
+    tenant, or gives a PodMetrics that cannot be read (no timestamp, a CPU that is no quantity)
+    still lets the scrape answer, in time, without usage and with the scrape error set."""
     metrics_path = "/apis/metrics.k8s.io/v1beta1/namespaces/ml-cons/pods"
     async with _kubelet_before(provider_at, metrics_path, provider_metrics) as client:
         async with asyncio.timeout(5):
