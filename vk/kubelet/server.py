@@ -289,7 +289,7 @@ class Usage:
                 failures.append(f"{ns}: {result or type(result).__name__}")
                 continue
             for item in result.get("items") or ():
-                name = (item.get("metadata") or {}).get("name")
+                name = str((item.get("metadata") or {}).get("name"))
                 if (uid := twins[ns].get(name)) is None:
                     continue
                 try:
