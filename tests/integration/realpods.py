@@ -111,3 +111,19 @@ def namespace(cluster: LocalCluster, prefix: str) -> Iterator[str]:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def top(cluster: LocalCluster, *what: str, timeout: float = 150) -> tuple[str, int, int]:
+    """``kubectl top`` of one pod or node: its name, its CPU in millicores and its memory in MiB,
+    once metrics-server has two scrapes of it (15 s apart)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cluster.kubectl("top", *what, "--no-headers", check=False)
+        fields = out.split()  # a pod: NAME CPU MEMORY; a node: NAME CPU CPU% MEMORY MEMORY%
+        memory = [f for f in fields[2:] if f.endswith("Mi")]
+        if len(fields) >= 3 and fields[1].endswith("m") and memory:
+            return fields[0], int(fields[1][:-1]), int(memory[0][:-2])
+        assert time.monotonic() < deadline, (
+            f"no metrics for {' '.join(what)} on {cluster.spec.name} after {timeout:.0f} s: {out}"
+        )
+        time.sleep(3)

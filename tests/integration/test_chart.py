@@ -38,6 +38,7 @@ from kube.ports import free_port
 from vk.forge.labels import ORIGIN_NAMESPACE
 
 from .clirunner import Cli
+from .realpods import top
 from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration
@@ -711,11 +712,12 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
 
         # kubectl top: the consumer's metrics-server scrapes the virtual node's kubelet API, which
         # gives what the provider's metrics-server measured of the twin
-        cpu, memory = await top(consumer, "pod", name, "-n", work)
-        _, twin_memory = await top(provider, "pod", twin["metadata"]["name"], "-n", f"{work}-ml-eu")
+        _, cpu, memory = await asyncio.to_thread(top, consumer, "pod", name, "-n", work)
+        _, _, twin_memory = await asyncio.to_thread(top, provider, "pod", twin["metadata"]["name"], "-n",
+                                                 f"{work}-ml-eu")  # fmt: skip
         assert cpu >= 0 and memory > 0, (cpu, memory)
         assert abs(memory - twin_memory) <= 8, (memory, twin_memory)  # MiB: the same working set
-        _, node_memory = await top(consumer, "node", virtual_node_name("gpu-farm"))
+        _, _, node_memory = await asyncio.to_thread(top, consumer, "node", virtual_node_name("gpu-farm"))
         assert node_memory >= memory, (node_memory, memory)
 
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
@@ -749,23 +751,6 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
     code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "1")
     assert code == 1 and "gpuferry on the consumer runs no gateway" in err, err
     assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
-
-
-async def top(cluster: LocalCluster, *what: str, timeout: float = 150) -> tuple[int, int]:
-    """``kubectl top`` of one pod or node: its CPU in millicores and its memory in MiB, once
-    metrics-server has two scrapes of it (15 s apart)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        out = await asyncio.to_thread(cluster.kubectl, "top", *what, "--no-headers", check=False)
-        fields = out.split()  # a pod: NAME CPU MEMORY; a node: NAME CPU CPU% MEMORY MEMORY%
-        memory = [f for f in fields[2:] if f.endswith("Mi")]
-        if len(fields) >= 3 and fields[1].endswith("m") and memory:
-            return int(fields[1][:-1]), int(memory[0][:-2])
-        assert loop.time() < deadline, (
-            f"no metrics for {' '.join(what)} on {cluster.spec.name} after {timeout:.0f} s: {out}"
-        )
-        await asyncio.sleep(3)
 
 
 def gateway_pod(cluster: LocalCluster) -> RawObject:
