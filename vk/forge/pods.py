@@ -30,7 +30,10 @@ What the twin keeps, drops and changes (each for a reason an operator can check)
   ``ForgeOptions.keep_service_account_volumes`` is set — the seam where accessory reflection puts
   back a consumer token.
 * **readinessGates** dropped: their conditions are set by consumer-side controllers and would
-  never become true on the twin. **ephemeralContainers** dropped: the API refuses them on create.
+  never become true on the twin. **ephemeralContainers** dropped from the twin created: the API
+  refuses them on create. Those added later (``kubectl debug``) are added to the twin one by one
+  through its ``ephemeralcontainers`` subresource (:func:`new_ephemeral_containers`), as the
+  consumer's API server added them to the pod.
 * status is not part of a twin.
 """
 
@@ -53,6 +56,7 @@ __all__ = [
     "ForgeOptions",
     "is_service_account_volume",
     "matters_to_twin_sync",
+    "new_ephemeral_containers",
     "remote_pod",
     "remote_pod_update",
     "twin_projection",
@@ -259,22 +263,54 @@ def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
 
 
 _TWIN_SPEC_READ = ("activeDeadlineSeconds", "tolerations", "resourceClaims", "nodeName")
+_PROJECTED_CONTAINER_LISTS = (*_CONTAINER_LISTS, "ephemeralContainers")
 
 
 def twin_projection(twin: Mapping[str, Any]) -> dict[str, Any]:
     """What the virtual kubelet keeps of a twin it watches: metadata, the status, and of the spec
-    only what :func:`remote_pod_update` and the status and claim reflection read (container
-    names and images, the deadline, tolerations, claims, the node).
+    only what :func:`remote_pod_update`, :func:`new_ephemeral_containers` and the status and
+    claim reflection read (container names and images, the deadline, tolerations, claims, the
+    node).
     The rest of the spec (resources, env, mounts, probes, defaults the API server filled in) is
     about half of a twin's bytes, times ten thousand twins (issue 15)."""
     spec = twin.get("spec")
     if not isinstance(spec, dict):
         return dict(twin)
     kept: dict[str, Any] = {k: spec[k] for k in _TWIN_SPEC_READ if k in spec}
-    for field in _CONTAINER_LISTS:
+    for field in _PROJECTED_CONTAINER_LISTS:
         if field in spec:
             kept[field] = [{"name": c.get("name"), "image": c.get("image")} for c in spec[field] or ()]
     return {**twin, "spec": kept}
+
+
+def new_ephemeral_containers(
+    local: Mapping[str, Any],
+    remote: Mapping[str, Any],
+    opts: ForgeOptions,
+    skip: frozenset[str] = frozenset(),
+) -> list[dict[str, Any]]:
+    """The ephemeral containers of the consumer pod ``local`` (``kubectl debug``) that its twin
+    ``remote`` (may be a :func:`twin_projection`) lacks, in the consumer's order, less those named
+    in ``skip`` (the provider refused them), forged for the twin: each to be added through the
+    twin's ``ephemeralcontainers`` subresource. Ephemeral containers can be added, never changed
+    or removed, so what the twin has stays. A mount of a volume the twin does not have (the
+    consumer's API-access volume, dropped) is dropped. Pure."""
+    wanted = (local.get("spec") or {}).get("ephemeralContainers") or ()
+    if not wanted:
+        return []
+    have = {c.get("name") for c in (remote.get("spec") or {}).get("ephemeralContainers") or ()}
+    missing = [c for c in wanted if c.get("name") not in have and c.get("name") not in skip]
+    if not missing:
+        return []
+    twin_spec = _forge_spec(local.get("spec") or {}, opts, local["metadata"]["name"])
+    volumes = {v.get("name") for v in twin_spec.get("volumes") or ()}
+    forged = []
+    for container in missing:
+        twin_container = copy_json(dict(container))
+        mounts = [m for m in twin_container.get("volumeMounts") or () if m.get("name") in volumes]
+        _set_or_drop(twin_container, "volumeMounts", mounts or None)
+        forged.append(twin_container)
+    return forged
 
 
 def remote_pod_update(

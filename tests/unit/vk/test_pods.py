@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 
-from vk.forge.pods import ForgeOptions, remote_pod, remote_pod_update, twin_projection
+from vk.forge.pods import (
+    ForgeOptions,
+    new_ephemeral_containers,
+    remote_pod,
+    remote_pod_update,
+    twin_projection,
+)
 
 from .builders import CONSUMER_ID, PROVIDER_ID, VIRTUAL_NODE_TOLERATION, consumer_pod, container, pod
 
@@ -314,3 +320,72 @@ def test_a_projected_twin_patches_as_the_whole_twin_would() -> None:
         {"name": c["name"], "image": c["image"]} for c in remote["spec"]["containers"]
     ]
     assert len(json.dumps(projected["spec"])) < len(json.dumps(remote["spec"])) / 2
+
+
+def _debugged(local: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``local`` as ``kubectl debug`` leaves it: an ephemeral container per name, the first one
+    mounting the data volume and the API-access volume (as a custom debug profile may)."""
+    debugged = copy.deepcopy(local)
+    debugged["spec"]["ephemeralContainers"] = [
+        {
+            "name": name,
+            "image": "busybox",
+            "command": ["sh"],
+            "stdin": True,
+            "tty": True,
+            "targetContainerName": "trainer",
+            "terminationMessagePolicy": "File",
+            **(
+                {
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/data"},
+                        {
+                            "name": "kube-api-access-x7k2p",
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        },
+                    ]
+                }
+                if i == 0
+                else {}
+            ),
+        }
+        for i, name in enumerate(names)
+    ]
+    return debugged
+
+
+def test_no_ephemeral_container_to_add_when_the_pod_has_none() -> None:
+    local = consumer_pod()
+    assert new_ephemeral_containers(local, _twin_as_read(local), OPTS) == []
+
+
+def test_ephemeral_containers_the_twin_lacks_are_forged_for_it() -> None:
+    """kubectl debug added two; the twin has the first already: the second is added, as the
+    consumer wrote it. Mounts of a volume the twin lacks (the API access, dropped) are dropped."""
+    local = consumer_pod()
+    twin = _twin_as_read(local)
+    debugged = _debugged(local, "debugger-a", "debugger-b")
+    before = copy.deepcopy(debugged)
+    first = new_ephemeral_containers(debugged, twin, OPTS)
+    assert debugged == before, "the consumer pod is not modified"
+    assert [c["name"] for c in first] == ["debugger-a", "debugger-b"]
+    assert first[0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert first[0]["targetContainerName"] == "trainer" and first[0]["stdin"] is True
+    assert first[1] == debugged["spec"]["ephemeralContainers"][1]
+    twin["spec"]["ephemeralContainers"] = [first[0]]
+    assert new_ephemeral_containers(debugged, twin, OPTS) == [first[1]]
+    assert new_ephemeral_containers(debugged, twin_projection(twin), OPTS) == [first[1]]
+    assert new_ephemeral_containers(debugged, twin, OPTS, frozenset({"debugger-b"})) == []
+    twin["spec"]["ephemeralContainers"].append(first[1])
+    assert new_ephemeral_containers(debugged, twin_projection(twin), OPTS) == []
+
+
+def test_an_ephemeral_container_keeps_the_api_access_when_the_twin_does() -> None:
+    """With the consumer's tokens reflected, the twin keeps the API-access volume (reading the
+    token Secret): a debugger that mounts it keeps the mount."""
+    opts = ForgeOptions(consumer_cluster_id=CONSUMER_ID, provider_cluster_id=PROVIDER_ID,
+                        service_account_tokens=True)  # fmt: skip
+    local = consumer_pod()
+    debugged = _debugged(local, "debugger-a")
+    (added,) = new_ephemeral_containers(debugged, remote_pod(local, opts), opts)
+    assert [m["name"] for m in added["volumeMounts"]] == ["data", "kube-api-access-x7k2p"]
