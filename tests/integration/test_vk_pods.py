@@ -504,6 +504,62 @@ async def test_allowed_spec_changes_reach_the_twin(
     assert twin["metadata"]["uid"] == before["metadata"]["uid"], "patched in place, not recreated"
 
 
+async def test_kubectl_debug_reaches_the_twin_or_says_why_the_provider_refused(
+    vk: VirtualKubelet,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """``kubectl debug`` adds an ephemeral container to the consumer pod; the virtual kubelet adds
+    it to the twin. The twin namespace enforces Pod Security baseline (as the provider controller
+    labels it): the default profile's ``--target`` asks for SYS_PTRACE, which the provider refuses.
+    A Warning Event on the pod says so, once, with what to use instead; the next debugger is
+    still added."""
+    ns = await make_namespace(consumer_client)
+    await consumer_client.create(PODS, pod("debugged", 1), ns)
+    await wait_for(consumer_client, PODS, "debugged", running, namespace=ns, timeout=30)
+    twin_ns = vk.twin_ns(ns)
+    baseline = {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}}
+    await provider_client.patch(NAMESPACES, twin_ns, baseline)
+
+    def debug(*args: str) -> str:
+        return consumer.kubectl(
+            "-n", ns, "debug", "debugged", "--image=busybox", "--target=cuda", *args, "--", "sh"
+        )
+
+    await asyncio.to_thread(debug, "-c", "traced")  # the default profile
+    await asyncio.to_thread(debug, "--profile=baseline", "-c", "looking")
+    twin = await wait_for(
+        provider_client,
+        PODS,
+        "debugged",
+        lambda p: [c["name"] for c in p["spec"].get("ephemeralContainers") or ()] == ["looking"],
+        namespace=twin_ns,
+        timeout=15,
+    )
+    (looking,) = twin["spec"]["ephemeralContainers"]
+    assert looking["targetContainerName"] == "cuda" and looking["command"] == ["sh"], looking
+
+    def refused(events: list[RawObject]) -> list[RawObject]:
+        return [e for e in events if e["reason"] == "EphemeralContainerRejected"]
+
+    (event,) = refused(
+        await wait_for_items(consumer_client, EVENTS, lambda e: bool(refused(e)), namespace=ns)
+    )
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["fieldPath"] == "spec.ephemeralContainers{traced}"
+    assert "SYS_PTRACE" in event["message"] and "--profile=baseline" in event["message"], event["message"]
+    # a later pass over the pod (a label changed) neither asks again nor says it again
+    await consumer_client.patch(PODS, "debugged", {"metadata": {"labels": {"looked": "yes"}}}, ns)
+    twin = await wait_for(
+        provider_client, PODS, "debugged", lambda p: p["metadata"]["labels"].get("looked") == "yes",
+        namespace=twin_ns, timeout=15,
+    )  # fmt: skip
+    assert [c["name"] for c in twin["spec"]["ephemeralContainers"]] == ["looking"]
+    assert len(refused((await consumer_client.list(EVENTS, namespace=ns))["items"])) == 1
+
+
 async def test_an_orphan_twin_is_collected_on_resync(
     vk: VirtualKubelet,
     consumer_client: KubeClient,

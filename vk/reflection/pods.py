@@ -14,7 +14,11 @@ the one thing the pair needs, in this order:
    the copies it mounts), else keep it Pending with a clear reason and an Event, and look again
    later (the gate: "fit, not sum");
 5. twin of an older pod with the same name → delete it, then start over;
-6. otherwise → patch the twin with what may change on a running pod.
+6. otherwise → patch the twin with what may change on a running pod, and add to it the
+   ephemeral containers ``kubectl debug`` added to the pod, one by one through its
+   ``ephemeralcontainers`` subresource. One the provider refuses (its Pod Security level, say,
+   for a debugger with ``SYS_PTRACE``) is not tried again for that pod; a Warning Event
+   ``EphemeralContainerRejected`` on the pod gives the provider's words.
 
 The twin's status comes back through its own queue (:mod:`vk.reflection.podstatus`). Where twins
 go and how they are seen is the :class:`vk.remote.RemoteSide`'s. All state lives in the two API
@@ -40,7 +44,7 @@ from kube.reconciling import Requeue
 
 from ..forge.fit import FitResult, placement_request
 from ..forge.labels import origin_of
-from ..forge.pods import ForgeOptions, remote_pod, remote_pod_update
+from ..forge.pods import ForgeOptions, new_ephemeral_containers, remote_pod, remote_pod_update
 from ..remote import RemoteSide
 from .echoes import Echoes
 from .podstatus import observe_since
@@ -60,6 +64,11 @@ REASON_NO_FIT = "ProviderCapacity"
 REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 REASON_QUOTA = "ProviderQuotaExceeded"
 REASON_REJECTED = "ProviderRejected"
+REASON_EPHEMERAL_REJECTED = "EphemeralContainerRejected"
+DEBUG_PROFILE_HINT = (
+    "kubectl debug --profile=baseline or --profile=restricted asks for no more than Pod Security allows; "
+    "--target with the default profile adds SYS_PTRACE, which baseline refuses"
+)
 QUOTA_RETRY_SECONDS = 5.0
 LISTING_RETRY_SECONDS = 0.5
 """How soon a pod whose namespace's twins are not listed yet is looked at again."""
@@ -110,6 +119,8 @@ class PodReflector:
         self.accessories = list(accessories)
         """ConfigMaps, Secrets and tokens the twin needs are written before it is created."""
         self._events_sent: dict[ObjectKey, tuple[str, set[str]]] = {}  # pod -> (uid, reasons sent)
+        self._refused: dict[ObjectKey, tuple[str, frozenset[str]]] = {}
+        """Pods with ephemeral containers the provider refused: (uid, their names)."""
         self._gated: set[ObjectKey] = set()
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
         self._block_waiting: dict[ObjectKey, ResourceList] = {}
@@ -163,6 +174,7 @@ class PodReflector:
             self.echoes.forget(key)
         if local is None:
             self._events_sent.pop(key, None)
+            self._refused.pop(key, None)
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
             return None
@@ -360,20 +372,74 @@ class PodReflector:
     # ---- updates -------------------------------------------------------------------------------
 
     async def _update(self, local: RawObject, remote: RawObject, log: Any) -> bool:
-        """Patch the twin with what changed on the pod; whether there was anything."""
-        spec_patch = remote_pod_update(local, remote, self.opts)
-        if spec_patch is None:
-            return False
+        """Patch the twin with what changed on the pod, and add the ephemeral containers it
+        lacks; whether there was anything."""
         meta = remote["metadata"]
-        await self.provider.patch(PODS, meta["name"], spec_patch, meta["namespace"], patch_type="strategic")
-        log.info("twin updated: %s", sorted(spec_patch))
-        return True
+        spec_patch = remote_pod_update(local, remote, self.opts)
+        if spec_patch is not None:
+            await self.provider.patch(
+                PODS, meta["name"], spec_patch, meta["namespace"], patch_type="strategic"
+            )
+            log.info("twin updated: %s", sorted(spec_patch))
+        return await self._add_ephemeral_containers(local, remote, log) or spec_patch is not None
 
-    async def _event(self, local: RawObject, type_: str, reason: str, message: str) -> None:
+    async def _add_ephemeral_containers(self, local: RawObject, remote: RawObject, log: Any) -> bool:
+        """Add to the twin the ephemeral containers the consumer pod has and it lacks, one per
+        request (a refused one does not hold back the next); whether one was added."""
+        key = ObjectKey(local["metadata"]["namespace"], local["metadata"]["name"])
+        uid = local["metadata"]["uid"]
+        refused_uid, refused = self._refused.get(key, (uid, frozenset()))
+        if refused_uid != uid:  # another pod of the same name
+            refused = frozenset()
+        meta = remote["metadata"]
+        added = False
+        for container in new_ephemeral_containers(local, remote, self.opts, refused):
+            name = container["name"]
+            try:
+                await self.provider.patch(
+                    PODS,
+                    meta["name"],
+                    {"spec": {"ephemeralContainers": [container]}},
+                    meta["namespace"],
+                    subresource="ephemeralcontainers",
+                    patch_type="strategic",
+                )
+            except NotFound:
+                return added  # the twin went: its deletion event brings the pod back
+            except (Invalid, Forbidden) as exc:
+                # the provider will not run it as written (Pod Security, RBAC of an older
+                # provider): say so on the pod, once, and do not ask again
+                message = f"the provider refused ephemeral container {name}: {exc.message}"
+                if "PodSecurity" in exc.message:
+                    message += f" ({DEBUG_PROFILE_HINT})"
+                log.warning("%s", message)
+                await self._event(local, "Warning", REASON_EPHEMERAL_REJECTED, message,
+                                  once=f"{REASON_EPHEMERAL_REJECTED}/{name}",
+                                  field_path=f"spec.ephemeralContainers{{{name}}}")  # fmt: skip
+                refused |= {name}  # after the Event: one not recorded is asked again, and said
+                self._refused[key] = (uid, refused)
+                continue
+            added = True
+            log.info("ephemeral container %s added to the twin", name)
+        return added
+
+    async def _event(
+        self,
+        local: RawObject,
+        type_: str,
+        reason: str,
+        message: str,
+        *,
+        once: str | None = None,
+        field_path: str | None = None,
+    ) -> None:
+        """Record an Event on the consumer pod, once per pod for each ``once`` (the reason,
+        unless given); ``field_path`` names the container it concerns, as a kubelet's does."""
         meta = local["metadata"]
         key = ObjectKey(meta["namespace"], meta["name"])
+        once = once or reason
         uid, sent = self._events_sent.get(key, ("", set()))
-        if uid == meta["uid"] and reason in sent:
+        if uid == meta["uid"] and once in sent:
             return
         now = _now()
         event: RawObject = {
@@ -397,8 +463,10 @@ class PodReflector:
             "reportingComponent": "gpuferry.io/virtual-kubelet",
             "reportingInstance": self.opts.virtual_node_name,
         }
+        if field_path:
+            event["involvedObject"]["fieldPath"] = field_path
         await self.consumer.create(EVENTS, event, meta["namespace"])
-        self._events_sent[key] = (meta["uid"], (sent if uid == meta["uid"] else set()) | {reason})
+        self._events_sent[key] = (meta["uid"], (sent if uid == meta["uid"] else set()) | {once})
 
 
 def _now() -> str:
