@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -698,6 +699,21 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         assert said.splitlines()[0] == "65532" and "http.server" in said, said
         assert await asyncio.to_thread(port_forwarded, consumer, work, name) == hello
 
+        # kubectl debug -i: an ephemeral container added to the pod is added to the twin, runs in
+        # its process namespace on the provider's node, and is attached to through the virtual
+        # kubelet once its status comes back Running. stdin stays open until the answer is back:
+        # containerd ends an attach whose stdin closes (the container not stdinOnce) at once
+        said = await asyncio.to_thread(debug_interactively, consumer, work, name, image, "debugging")
+        assert "debugging python -m http.server 8080" in said, said
+        twin = await provider_client.get(PODS, twin["metadata"]["name"], f"{work}-ml-eu")
+        assert [c["name"] for c in twin["spec"]["ephemeralContainers"]] == ["debugger"]
+        ended = await wait_for(consumer_client, PODS, name,
+                               lambda p: any("terminated" in (s.get("state") or {})
+                                             for s in p["status"].get("ephemeralContainerStatuses") or ()),
+                               namespace=work, timeout=30)  # fmt: skip
+        (status,) = ended["status"]["ephemeralContainerStatuses"]
+        assert status["name"] == "debugger" and status["state"]["terminated"]["exitCode"] == 0, status
+
         # the gateway pod deleted: its Deployment makes another (a new address); the route agent
         # routes to it, the tunnel comes back, and the call goes through again
         old_gateway = gateway_pod(consumer)
@@ -719,6 +735,17 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         assert abs(memory - twin_memory) <= 8, (memory, twin_memory)  # MiB: the same working set
         _, _, node_memory = await asyncio.to_thread(top, consumer, "node", virtual_node_name("gpu-farm"))
         assert node_memory >= memory, (node_memory, memory)
+        # the Summary API gives the same figures: the pod's are its containers' added up
+        summary = json.loads(consumer.kubectl("get", "--raw", f"/api/v1/nodes/{virtual_node_name('gpu-farm')}"
+                                              "/proxy/stats/summary"))  # fmt: skip
+        ref = {"name": name, "namespace": work, "uid": running["metadata"]["uid"]}
+        (pod_stats,) = [p for p in summary["pods"] if p["podRef"] == ref]
+        main = next(c for c in pod_stats["containers"] if c["name"] == "main")
+        assert main["memory"]["workingSetBytes"] > 0 and main["cpu"]["usageCoreNanoSeconds"] > 0, main
+        assert pod_stats["memory"]["workingSetBytes"] == sum(
+            c["memory"]["workingSetBytes"] for c in pod_stats["containers"] if "memory" in c
+        )
+        assert summary["node"]["memory"]["workingSetBytes"] >= pod_stats["memory"]["workingSetBytes"]
 
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
     finally:
@@ -751,6 +778,35 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
     code, _, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--gpus", "1")
     assert code == 1 and "gpuferry on the consumer runs no gateway" in err, err
     assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
+
+
+def debug_interactively(cluster: LocalCluster, namespace: str, pod: str, image: str, line: str) -> str:
+    """``kubectl debug -i`` of ``pod`` with a debugger that reads a line and answers it with the
+    command line of the target's first process: what kubectl printed until the answer (or until
+    it ended, or 90 s went by). stdin is closed only then."""
+    script = "read said; echo $said $(tr '\\0' ' ' < /proc/1/cmdline)"
+    argv = [str(cluster.bin.kubectl), f"--kubeconfig={cluster.spec.kubeconfig}", "-n", namespace,
+            "debug", pod, "-i", f"--image={image}", "--image-pull-policy=Never", "--profile=restricted",
+            "--target=main", "-c", "debugger", "--", "sh", "-c", script]  # fmt: skip
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        timer = threading.Timer(90, proc.kill)
+        timer.start()
+        try:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+            said = ""
+            for out in proc.stdout:
+                said += out
+                if out.startswith(line):
+                    break
+            proc.stdin.close()
+            proc.wait(30)
+            return said
+        finally:
+            timer.cancel()
+            proc.kill()
 
 
 def gateway_pod(cluster: LocalCluster) -> RawObject:
