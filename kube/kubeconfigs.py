@@ -16,12 +16,13 @@ import ssl
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
+
+from .times import unix_seconds
 
 __all__ = [
     "SERVICE_ACCOUNT_DIR",
@@ -69,7 +70,7 @@ class ExecPlugin:
         status = orjson.loads(out).get("status") or {}
         expiry = None
         if status.get("expirationTimestamp"):
-            expiry = datetime.fromisoformat(status["expirationTimestamp"].replace("Z", "+00:00")).timestamp()
+            expiry = unix_seconds(status["expirationTimestamp"])
         cert = status.get("clientCertificateData")
         key = status.get("clientKeyData")
         return status.get("token"), expiry, cert.encode() if cert else None, key.encode() if key else None

@@ -24,6 +24,7 @@ from .clients import KubeClient
 from .errors import AlreadyExists, Conflict, KubeError, NotFound
 from .metrics import gauge
 from .objects import LEASES, NAMESPACES, RawObject, meta
+from .times import parse_time
 
 __all__ = ["LeaderElector", "LostLeadership"]
 
@@ -47,7 +48,7 @@ def _micro(t: datetime) -> str:
 def _parse(text: str | None) -> datetime | None:
     if not text:
         return None
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parse_time(text)
 
 
 def _default_identity() -> str:

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kube import api
+from kube.times import rfc3339
 from netfabric.model import NetworkConfigError, PoolExhausted, Remap
 from netfabric.peerspec import EndpointError
 from netfabric.wgconfig import DeviceState
@@ -71,7 +72,7 @@ class Condition:
         return {
             "type": self.type,
             "status": status,
-            "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTransitionTime": rfc3339(since),
             "reason": self.reason.value,
             "message": self.message,
         }
@@ -175,5 +176,5 @@ def status_body(
         if peer.endpoint:
             body["peerEndpoint"] = peer.endpoint
         if peer.last_handshake is not None:
-            body["latestHandshake"] = peer.last_handshake.strftime("%Y-%m-%dT%H:%M:%SZ")
+            body["latestHandshake"] = rfc3339(peer.last_handshake)
     return body

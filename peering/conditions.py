@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
+
+from kube.times import rfc3339
 
 __all__ = ["CHANGE_REFUSED", "SLICE_REFUSED", "find_condition", "now_rfc3339", "set_condition"]
 
@@ -17,7 +18,7 @@ product, more than the tenant's limit): it needs the provider's operator."""
 
 def now_rfc3339() -> str:
     """The current time as the API server writes it (second precision, ``Z``)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> dict[str, Any] | None:

@@ -33,7 +33,6 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from kube.metrics import counter, gauge
 from kube.objects import VIRTUALNODES, ObjectKey, RawObject
 from kube.ports import free_port
 from kube.tasks import cancel_and_wait
+from kube.times import rfc3339
 from kube.watching import Listed, watch_objects
 
 __all__ = ["VIRTUALNODES", "SupervisorSettings", "VirtualNodeSupervisor", "kubelet_command"]
@@ -99,7 +99,7 @@ def kubelet_command(s: SupervisorSettings, key: ObjectKey, kubelet_port: int | N
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 class _StartFailed(Exception):

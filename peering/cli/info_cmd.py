@@ -23,6 +23,7 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import FOREIGNCLUSTERS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, SECRETS, RawObject
 from kube.quantities import format_quantity, parse_quantity, sum_requests
+from kube.times import rfc3339
 
 from .. import flow
 from ..admission import OFFLOADING_NAME
@@ -137,7 +138,7 @@ def _not_after(secret: RawObject | None) -> str | None:
     if not cert:
         return None
     parsed = x509.load_pem_x509_certificate(base64.b64decode(cert))
-    return parsed.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(parsed.not_valid_after_utc)
 
 
 async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -16,6 +16,7 @@ from typing import Any
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import CONFIGMAPS, PEERNETWORKS, RawObject
+from kube.times import parse_time
 
 from ..network import (
     DECLARATION_NAME,
@@ -65,7 +66,7 @@ async def read_declarations(
 def _age(timestamp: str | None) -> str | None:
     if not timestamp:
         return None
-    seen = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    seen = parse_time(timestamp)
     return f"{max(0, int((datetime.now(UTC) - seen).total_seconds()))}s"
 
 

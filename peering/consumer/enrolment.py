@@ -17,6 +17,7 @@ from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.errors import KubeError, NetworkError, NotFound
 from kube.objects import SECRETS, RawObject, meta
+from kube.times import rfc3339
 
 from .. import flow
 from ..identity.keys import certificate_validity
@@ -65,7 +66,7 @@ class Enrolment:
             _, not_after = certificate_validity(_b64(data["tls.crt"]))
             result.status["identity"] = {
                 "username": f"gpuferry:consumer:{consumer_id}",
-                "notAfter": not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "notAfter": rfc3339(not_after),
             }
             result.set(
                 "Authenticated",

@@ -29,6 +29,7 @@ from kube.metrics import counter
 from kube.objects import CSRS, NAMESPACES, SECRETS, ObjectKey, RawObject, Resource, meta
 from kube.patching import patch_changes
 from kube.reconciling import Requeue
+from kube.times import rfc3339
 
 from ..conditions import find_condition, set_condition
 from ..identity.keys import CsrError, certificate_validity, inspect_csr, unb64, verify_csr_proof
@@ -166,8 +167,8 @@ class TenantReconciler:
                 "certificate": cert_b64,
                 "username": consumer_username(consumer_id),
                 "csrName": name,
-                "notBefore": not_before.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "notAfter": not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "notBefore": rfc3339(not_before),
+                "notAfter": rfc3339(not_after),
             }
             log.info("issued client certificate for %s (CSR %s)", identity["username"], name)
             _DECISIONS.labels("Issued").inc()

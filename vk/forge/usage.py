@@ -13,13 +13,13 @@ did not.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kube.objects import RawObject
 from kube.quantities import parse_quantity
+from kube.times import rfc3339, unix_seconds
 
 MIN_CPU_SECONDS = 1e-9
 """The least a counter starts at. metrics-server drops a container whose counter is 0 (never so
@@ -37,11 +37,6 @@ class ContainerUsage:
     """Unix seconds: the end of the window the CPU rate is averaged over."""
     window: float
     """Seconds the CPU rate is averaged over."""
-
-
-def parse_time(value: str) -> float:
-    """Unix seconds of an RFC 3339 time as the API server writes it. Pure."""
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def _seconds(duration: str | None) -> float:
@@ -65,7 +60,7 @@ def _seconds(duration: str | None) -> float:
 
 def container_usage(pod_metrics: RawObject) -> dict[str, ContainerUsage]:
     """A PodMetrics object's containers, by name. Pure."""
-    timestamp = parse_time(str(pod_metrics.get("timestamp")))
+    timestamp = unix_seconds(str(pod_metrics.get("timestamp")))
     window = _seconds(pod_metrics.get("window"))
     found = {}
     for container in pod_metrics.get("containers") or ():
@@ -177,7 +172,7 @@ def _started(pod: RawObject) -> dict[str, float]:
     for cs in (pod.get("status") or {}).get("containerStatuses") or ():
         started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
         if started:
-            found[cs["name"]] = parse_time(str(started))
+            found[cs["name"]] = unix_seconds(str(started))
     return found
 
 
@@ -241,13 +236,9 @@ def resource_metrics(
     return "\n".join(lines) + "\n"
 
 
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def summary_usage(m: Measured) -> dict[str, Any]:
     """The Summary API's ``cpu`` and ``memory`` of a container (or a pod, or the node). Pure."""
-    at = _iso(m.timestamp)
+    at = rfc3339(m.timestamp)
     return {
         "cpu": {
             "time": at,

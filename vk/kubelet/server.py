@@ -32,6 +32,7 @@ from aiohttp import web
 from kube.clients import KubeClient
 from kube.errors import KubeError
 from kube.objects import ObjectKey, RawObject, Resource
+from kube.times import rfc3339
 
 from ..forge.usage import (
     ContainerUsage,
@@ -243,9 +244,6 @@ async def healthz(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def _iso(dt: datetime.datetime) -> str:
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-
 
 PODMETRICS = Resource("metrics.k8s.io", "v1beta1", "pods", "PodMetrics", namespaced=True)
 USAGE_READ_SECONDS = 5.0
@@ -340,7 +338,7 @@ async def stats_summary(request: web.Request) -> web.Response:
         pod_stats.append(stats)
     node_stats: RawObject = {
         "nodeName": ctx.node_name,
-        "startTime": _iso(ctx.started),
+        "startTime": rfc3339(ctx.started),
         "systemContainers": [],
     }
     if node is not None:

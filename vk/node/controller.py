@@ -46,7 +46,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -62,6 +61,7 @@ from kube.objects import NODES, RawObject
 from kube.quantities import ResourceList, parse_quantity, parse_resource_list
 from kube.settings import ProbeSettings
 from kube.tasks import wait_set
+from kube.times import rfc3339
 
 from ..forge.fit import FitResult
 from ..forge.node import (
@@ -108,7 +108,7 @@ LARGEST_BLOCK = gauge(
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()
 
 
 def _retry_backoff() -> Backoff:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
@@ -41,6 +40,7 @@ from kube.metrics import counter
 from kube.objects import EVENTS, PODS, ObjectKey, RawObject
 from kube.quantities import ResourceList, add, format_resource_list
 from kube.reconciling import Requeue
+from kube.times import rfc3339
 
 from ..forge.fit import FitResult, placement_request
 from ..forge.labels import origin_of
@@ -470,4 +470,4 @@ class PodReflector:
 
 
 def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339()

@@ -24,7 +24,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
 
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Conflict, KubeError, NotFound
@@ -35,6 +34,7 @@ from kube.objects import CONFIGMAPS, SECRETS, SERVICEACCOUNTS, ObjectKey, RawObj
 from kube.queueing import KeyedQueue
 from kube.reconciling import Requeue
 from kube.settings import QueueSettings
+from kube.times import unix_seconds
 
 from ..forge.accessories import ROOT_CA_CONFIGMAP
 from ..forge.tokens import has_token_volume, token_request, token_secret, token_secret_name
@@ -52,9 +52,6 @@ CA_RETRY_SECONDS = 1.0
 """How soon a pod whose namespace has no ``kube-root-ca.crt`` yet is looked at again (the
 controller-manager publishes it in every new namespace, within a second or so)."""
 
-
-def _expiry(timestamp: str) -> float:
-    return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 class TokenReflector:
@@ -232,7 +229,7 @@ class TokenReflector:
             body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             await self.provider.replace(SECRETS, name, body, twin_ns)
         _ISSUED.inc()
-        issued, until = time.time(), _expiry(expires) if expires else time.time() + 3600
+        issued, until = time.time(), unix_seconds(expires) if expires else time.time() + 3600
         self._renew_at[key] = issued + RENEW_AT * max(60.0, until - issued)
         self._written[key] = (twin_ns, meta["uid"])
         # debug, as the kubelet logs its token refreshes: two lines per pod were ~1 % of the

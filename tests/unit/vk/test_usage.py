@@ -8,6 +8,7 @@ import re
 import pytest
 
 from kube.objects import RawObject
+from kube.times import unix_seconds
 from vk.forge.usage import (
     MIN_CPU_SECONDS,
     ContainerUsage,
@@ -15,12 +16,11 @@ from vk.forge.usage import (
     _seconds,
     container_usage,
     measure,
-    parse_time,
     resource_metrics,
     summary_usage,
 )
 
-T0 = parse_time("2026-11-28T10:00:00Z")
+T0 = unix_seconds("2026-11-28T10:00:00Z")
 
 
 def pod_metrics(name: str, at: str, window: str, **containers: tuple[str, str]) -> RawObject:
@@ -142,7 +142,7 @@ def test_nothing_measured_means_no_usage_and_a_failure_says_so() -> None:
     got = series(resource_metrics(pods, measured, node, scrape_error=True))
     assert got == {
         'container_start_time_seconds{container="main",namespace="ml",pod="trainer"}': (
-            parse_time("2026-11-28T09:59:00Z"),
+            unix_seconds("2026-11-28T09:59:00Z"),
             None,
         ),
         "resource_scrape_error": (1.0, None),
