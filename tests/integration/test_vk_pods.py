@@ -382,6 +382,11 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     await consumer_client.create(PODS, pod("eight", 8), ns)
     gated = await held_for_capacity(consumer_client, "eight", ns)
     assert gated["status"]["phase"] == "Pending"
+    # debugged while it waits (as kubectl debug does): the twin, which cannot be created with an
+    # ephemeral container, gets it on the pass after its creation
+    debugger = {"name": "early", "image": "busybox", "command": ["sh"]}
+    await consumer_client.patch(PODS, "eight", {"spec": {"ephemeralContainers": [debugger]}}, ns,
+                                subresource="ephemeralcontainers", patch_type="strategic")  # fmt: skip
 
     # room appears: the gate opens on the provider's watch, not on the 30 s retry timer
     await provider_client.delete(PODS, f"blocker-{idle}", provider_ns, grace_period_seconds=0)
@@ -394,6 +399,9 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     assert "reason" not in started["status"], "the ProviderCapacity reason is cleared once running"
     twin = await provider_client.get(PODS, "eight", vk.twin_ns(ns))
     assert twin["spec"]["nodeName"] == idle
+    twin = await wait_for(provider_client, PODS, "eight", lambda p: "ephemeralContainers" in p["spec"],
+                          namespace=vk.twin_ns(ns), timeout=15)  # fmt: skip
+    assert [c["name"] for c in twin["spec"]["ephemeralContainers"]] == ["early"]
 
 
 async def test_a_running_twin_takes_its_room_so_the_next_pod_waits_on_the_consumer(

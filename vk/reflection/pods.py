@@ -307,13 +307,16 @@ class PodReflector:
         TWINS_CREATED.inc()
         # forged from this very pod: the pair as created needs no patch (nor its echo a pass)
         written = self.echoes.wrote(key, answer)
-        if written is not None and (version := local["metadata"].get("resourceVersion")) is not None:
+        debugged = bool(local["spec"].get("ephemeralContainers"))  # debugged while Pending
+        version = local["metadata"].get("resourceVersion")
+        if written is not None and version is not None and not debugged:
             self._in_sync[key] = (version, written)
         observe_since(local, "twin_created")
         if self._quota_waiting.pop(key, None) is not None:
             await self._report_demand(origin_ns)
         log.info("twin created in %s", twin["metadata"]["namespace"])
-        return None
+        # a twin cannot be created with ephemeral containers: they are added on the next pass
+        return Requeue(1.0) if debugged else None
 
     async def _gate(self, local: RawObject, result: FitResult, log: Any) -> None:
         message = f"waiting for a provider node with room: {result.message}"
