@@ -66,8 +66,8 @@ REASON_QUOTA = "ProviderQuotaExceeded"
 REASON_REJECTED = "ProviderRejected"
 REASON_EPHEMERAL_REJECTED = "EphemeralContainerRejected"
 DEBUG_PROFILE_HINT = (
-    "kubectl debug --profile=baseline or --profile=restricted asks for no more than Pod Security allows; "
-    "--target with the default profile adds SYS_PTRACE, which baseline refuses"
+    "use kubectl debug --profile=baseline, or --profile=restricted where the provider enforces "
+    "restricted: the default profile's --target adds SYS_PTRACE, which baseline refuses"
 )
 QUOTA_RETRY_SECONDS = 5.0
 LISTING_RETRY_SECONDS = 0.5
