@@ -56,7 +56,17 @@ them); any other status field of the consumer pod is left alone."""
 _SCHEDULED = "PodScheduled"
 # Conditions the kubelet owns: on the consumer they come from the twin only.
 _KUBELET_CONDITIONS = frozenset(
-    {_SCHEDULED, "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready"}
+    {
+        _SCHEDULED,
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "Ready",
+        # an in-place resize's, which the kubelet removes once it is done: gone from the twin,
+        # gone from the pod (kept as the consumer's own, one stayed True for good)
+        "PodResizePending",
+        "PodResizeInProgress",
+    }
 )
 _MESSAGE_MAX = 1024
 # Provider scheduling conditions and events → the reason the consumer pod shows.

@@ -278,3 +278,21 @@ def test_what_status_back_reads_from_a_twin_leaves_out_its_binding_only() -> Non
 def test_creation_times_are_read_as_utc() -> None:
     assert _parse_time("2024-06-01T10:00:03Z") == 1717236003.0
     assert _parse_time(None) is None and _parse_time("") is None
+
+
+def test_a_resize_condition_goes_when_the_twins_goes() -> None:
+    """The provider's kubelet sets PodResizeInProgress while it resizes the twin and removes it
+    once done: the consumer pod shows it, then loses it (kept as the pod's own, it stayed True),
+    while a condition of the consumer's controllers (DisruptionTarget) stays."""
+    twin = running_twin()
+    resizing = copy.deepcopy(twin)
+    in_progress = {"type": "PodResizeInProgress", "status": "True", "observedGeneration": 3}
+    resizing["status"]["conditions"].append(in_progress)
+    local = consumer([{"type": "PodScheduled", "status": "True"}])
+    during = local_status(resizing, remap_ip=str, host_ip=HOST, local=local)
+    assert {"type": "PodResizeInProgress", "status": "True"} in during["conditions"]
+    disruption = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    local["status"]["conditions"] = [*during["conditions"], disruption]
+    after = local_status(twin, remap_ip=str, host_ip=HOST, local=local)
+    assert [c["type"] for c in after["conditions"] if c["type"].startswith("PodResize")] == []
+    assert disruption in after["conditions"]
