@@ -34,6 +34,11 @@ What the twin keeps, drops and changes (each for a reason an operator can check)
   refuses them on create. Those added later (``kubectl debug``) are added to the twin one by one
   through its ``ephemeralcontainers`` subresource (:func:`new_ephemeral_containers`), as the
   consumer's API server added them to the pod.
+* **in-place resize**: a consumer pod's cpu and memory changed through its ``resize``
+  subresource are sent to the twin's (:func:`resize_patch`); the provider's kubelet actuates
+  them, and the twin's status (the resources it runs with, ``PodResizePending`` or
+  ``PodResizeInProgress``) comes back. Only the values the consumer's pod names are compared:
+  a default the provider's LimitRange filled in is not a change.
 * status is not part of a twin.
 """
 
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kube.objects import copy_json
+from kube.quantities import parse_quantity
 from vk.forge import labels as lbl
 from vk.forge.names import NamespaceStrategy, node_name, twin_namespace
 from vk.forge.placement import forge_affinity, forge_node_selector, forge_tolerations
@@ -59,6 +65,7 @@ __all__ = [
     "new_ephemeral_containers",
     "remote_pod",
     "remote_pod_update",
+    "resize_patch",
     "twin_projection",
 ]
 
@@ -264,23 +271,79 @@ def _spec_patch(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[
 
 _TWIN_SPEC_READ = ("activeDeadlineSeconds", "tolerations", "resourceClaims", "nodeName")
 _PROJECTED_CONTAINER_LISTS = (*_CONTAINER_LISTS, "ephemeralContainers")
+_RESIZABLE = ("cpu", "memory")
+"""What the ``resize`` subresource changes on a running pod."""
 
 
 def twin_projection(twin: Mapping[str, Any]) -> dict[str, Any]:
     """What the virtual kubelet keeps of a twin it watches: metadata, the status, and of the spec
-    only what :func:`remote_pod_update`, :func:`new_ephemeral_containers` and the status and
-    claim reflection read (container names and images, the deadline, tolerations, claims, the
-    node).
-    The rest of the spec (resources, env, mounts, probes, defaults the API server filled in) is
-    about half of a twin's bytes, times ten thousand twins (issue 15)."""
+    only what :func:`remote_pod_update`, :func:`new_ephemeral_containers`, :func:`resize_patch`
+    and the status and claim reflection read (container names, images, cpu and memory, the
+    deadline, tolerations, claims, the node).
+    The rest of the spec (other resources, env, mounts, probes, defaults the API server filled
+    in) is about half of a twin's bytes, times ten thousand twins (issue 15)."""
     spec = twin.get("spec")
     if not isinstance(spec, dict):
         return dict(twin)
     kept: dict[str, Any] = {k: spec[k] for k in _TWIN_SPEC_READ if k in spec}
     for field in _PROJECTED_CONTAINER_LISTS:
         if field in spec:
-            kept[field] = [{"name": c.get("name"), "image": c.get("image")} for c in spec[field] or ()]
+            kept[field] = [_projected_container(c) for c in spec[field] or ()]
     return {**twin, "spec": kept}
+
+
+def _projected_container(container: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {"name": container.get("name"), "image": container.get("image")}
+    resources = _resizable(container.get("resources"))
+    if resources:
+        kept["resources"] = resources
+    return kept
+
+
+def _resizable(resources: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The cpu and memory of a container's requests and limits (what a resize may change)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind in ("requests", "limits"):
+        values = {r: v for r, v in ((resources or {}).get(kind) or {}).items() if r in _RESIZABLE}
+        if values:
+            out[kind] = values
+    return out
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return parse_quantity(a) == parse_quantity(b)
+    except ValueError:
+        return bool(a == b)
+
+
+def resize_patch(local: Mapping[str, Any], remote: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The strategic merge patch for the twin's ``resize`` subresource that gives its containers
+    the cpu and memory the consumer pod ``local`` now asks for, or ``None`` when they have them.
+    ``remote`` may be a :func:`twin_projection`. Only the values ``local`` names are compared
+    (a request the provider's LimitRange defaulted on the twin is left alone), as quantities
+    (``0.5`` is ``500m``); a container that changed sends all of them. Pure."""
+    patch: dict[str, Any] = {}
+    twin_spec = remote.get("spec") or {}
+    for field in _CONTAINER_LISTS:
+        twins = {c.get("name"): c for c in twin_spec.get(field) or ()}
+        changed = []
+        for container in (local.get("spec") or {}).get(field) or ():
+            twin = twins.get(container.get("name"))
+            if twin is None:
+                continue
+            want, have = _resizable(container.get("resources")), _resizable(twin.get("resources"))
+            if any(
+                not _same_quantity(value, (have.get(kind) or {}).get(name))
+                for kind, values in want.items()
+                for name, value in values.items()
+            ):
+                changed.append({"name": container["name"], "resources": want})
+        if changed:
+            patch[field] = changed
+    return {"spec": patch} if patch else None
 
 
 def new_ephemeral_containers(

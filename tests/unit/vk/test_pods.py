@@ -11,6 +11,7 @@ from vk.forge.pods import (
     new_ephemeral_containers,
     remote_pod,
     remote_pod_update,
+    resize_patch,
     twin_projection,
 )
 
@@ -317,7 +318,12 @@ def test_a_projected_twin_patches_as_the_whole_twin_would() -> None:
     assert projected["spec"]["nodeName"] == "gpu-node-3"
     assert projected["metadata"] == remote["metadata"] and projected["status"] == remote["status"]
     assert projected["spec"]["containers"] == [
-        {"name": c["name"], "image": c["image"]} for c in remote["spec"]["containers"]
+        {
+            "name": c["name"],
+            "image": c["image"],
+            "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}},
+        }
+        for c in remote["spec"]["containers"]
     ]
     assert len(json.dumps(projected["spec"])) < len(json.dumps(remote["spec"])) / 2
 
@@ -389,3 +395,48 @@ def test_an_ephemeral_container_keeps_the_api_access_when_the_twin_does() -> Non
     debugged = _debugged(local, "debugger-a")
     (added,) = new_ephemeral_containers(debugged, remote_pod(local, opts), opts)
     assert [m["name"] for m in added["volumeMounts"]] == ["data", "kube-api-access-x7k2p"]
+
+
+def test_a_resize_of_the_consumer_pod_is_the_twins_resize() -> None:
+    """kubectl patch --subresource resize on the consumer: the twin gets the cpu and memory the
+    pod now asks for through its own resize subresource; from the projection as from the whole
+    twin. The same quantity written otherwise is no change."""
+    local = consumer_pod()
+    twin = _twin_as_read(local)
+    assert resize_patch(local, twin) is None
+    assert resize_patch(local, twin_projection(twin)) is None
+    resized = copy.deepcopy(local)
+    resources = resized["spec"]["containers"][0]["resources"]
+    resources["requests"]["cpu"] = "12"
+    resources["limits"]["cpu"] = "12"
+    want = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "resources": {
+                        "requests": {"cpu": "12", "memory": "64Gi"},
+                        "limits": {"memory": "64Gi", "cpu": "12"},
+                    },
+                }
+            ]
+        }
+    }
+    assert resize_patch(resized, twin) == want
+    assert resize_patch(resized, twin_projection(twin)) == want
+    resources["requests"]["cpu"] = "8000m"
+    del resources["limits"]["cpu"]
+    assert resize_patch(resized, twin) is None  # 8000m is 8
+
+
+def test_what_the_providers_limit_range_filled_in_is_not_a_resize() -> None:
+    """The provider's LimitRange gave the twin a cpu limit the consumer's pod does not name:
+    nothing to resize, until the consumer names one that differs."""
+    local = consumer_pod()
+    twin = _twin_as_read(local)
+    twin["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "16"
+    assert resize_patch(local, twin_projection(twin)) is None
+    resized = copy.deepcopy(local)
+    resized["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "10"
+    patch = resize_patch(resized, twin_projection(twin))
+    assert patch is not None and patch["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "10"
