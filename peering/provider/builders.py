@@ -141,6 +141,8 @@ _TWIN_RULES: list[dict[str, Any]] = [
     # kubectl debug: ephemeral containers added to a running twin, as to the consumer's pod;
     # the twin namespace's Pod Security level checks them as it checks the pod
     {"apiGroups": [""], "resources": ["pods/ephemeralcontainers"], "verbs": ["get", "patch", "update"]},
+    # in-place resize: cpu and memory, within the tenant's quota
+    {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["get", "patch", "update"]},
     {"apiGroups": [""], "resources": ["configmaps", "secrets", "services"], "verbs": _RW},
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _RW},
     {"apiGroups": [""], "resources": ["events"], "verbs": _RO},

@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ from hack.localcluster import LocalCluster
 from hack.localcluster.network import api_advertise_address, declaration, local_network
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
-from kube.objects import CSRS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
+from kube.objects import CSRS, EVENTS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
 from kube.ports import free_port
 from vk.forge.labels import ORIGIN_NAMESPACE
 
@@ -713,6 +714,57 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
                                namespace=work, timeout=30)  # fmt: skip
         (status,) = ended["status"]["ephemeralContainerStatuses"]
         assert status["name"] == "debugger" and status["state"]["terminated"]["exitCode"] == 0, status
+
+        # in-place resize (cpu, as a Guaranteed pod must: requests and limits together): the
+        # consumer's API server takes it (the pod's status shows the resources the twin runs
+        # with), the virtual kubelet resizes the twin, the provider's kubelet actuates it
+        bigger = {"name": "main", "resources": {"requests": {"cpu": "200m"}, "limits": {"cpu": "200m"}}}
+        consumer.kubectl("-n", work, "patch", "pod", name, "--subresource", "resize", "-p",
+                         json.dumps({"spec": {"containers": [bigger]}}))  # fmt: skip
+
+        def runs_with(p: RawObject) -> dict[str, Any]:
+            (main,) = p["status"].get("containerStatuses") or [{}]
+            return (main.get("resources") or {}).get("limits") or {}
+
+        def resizing(p: RawObject) -> list[str]:
+            conditions = p["status"].get("conditions") or ()
+            return [c["type"] for c in conditions if c["type"].startswith("PodResize")]
+
+        # done: the twin runs with it, and the condition the provider's kubelet set meanwhile is gone
+        resized = await wait_for(consumer_client, PODS, name,
+                                 lambda p: runs_with(p).get("cpu") == "200m" and not resizing(p),
+                                 namespace=work, timeout=60)  # fmt: skip
+        assert runs_with(resized)["memory"] == "64Mi", resized["status"]
+        twin = await provider_client.get(PODS, twin["metadata"]["name"], f"{work}-ml-eu")
+        assert twin["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "200m"
+        assert runs_with(twin)["cpu"] == "200m", twin["status"]
+        # one the provider's quota refuses (another pod there holds 400Mi of the grant's 512Mi,
+        # Pending counts): the consumer's API server takes it (the virtual node has 512Mi), the
+        # twin runs as it was, and the pod says why
+        held = {"requests": {"cpu": "10m", "memory": "400Mi"}, "limits": {"memory": "400Mi"}}
+        locked = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+        nowhere = {"nvidia.com/gpu.product": "Tesla-T4", "gpuferry.io/nowhere": "true"}  # no node
+        filler = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"},
+                  "spec": {"nodeSelector": nowhere,
+                           "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                               "seccompProfile": {"type": "RuntimeDefault"}},
+                           "containers": [{"name": "main", "image": "pause", "resources": held,
+                                           "securityContext": locked}]}}  # fmt: skip
+        await provider_client.create(PODS, filler, f"{work}-ml-eu")
+        more = {"name": "main", "resources": {"requests": {"memory": "200Mi"}, "limits": {"memory": "200Mi"}}}
+        consumer.kubectl("-n", work, "patch", "pod", name, "--subresource", "resize", "-p",
+                         json.dumps({"spec": {"containers": [more]}}))  # fmt: skip
+
+        def rejected(events: list[RawObject]) -> list[RawObject]:
+            return [e for e in events if e["reason"] == "ResizeRejected"]
+
+        (refused,) = rejected(await wait_for_items(consumer_client, EVENTS, lambda e: bool(rejected(e)),
+                                                   namespace=work))  # fmt: skip
+        assert refused["type"] == "Warning" and "exceeded quota" in refused["message"], refused
+        assert refused["involvedObject"]["name"] == name
+        twin = await provider_client.get(PODS, twin["metadata"]["name"], f"{work}-ml-eu")
+        assert runs_with(twin)["memory"] == "64Mi" and runs_with(twin)["cpu"] == "200m", twin["status"]
+        await provider_client.delete(PODS, "filler", f"{work}-ml-eu", grace_period_seconds=0)
 
         # the gateway pod deleted: its Deployment makes another (a new address); the route agent
         # routes to it, the tunnel comes back, and the call goes through again

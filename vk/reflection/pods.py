@@ -14,7 +14,10 @@ the one thing the pair needs, in this order:
    the copies it mounts), else keep it Pending with a clear reason and an Event, and look again
    later (the gate: "fit, not sum");
 5. twin of an older pod with the same name → delete it, then start over;
-6. otherwise → patch the twin with what may change on a running pod, and add to it the
+6. otherwise → patch the twin with what may change on a running pod, resize it as the pod was
+   resized (its ``resize`` subresource: cpu and memory; a refusal is a Warning Event
+   ``ResizeRejected`` with the provider's words, and the pod's status keeps showing the
+   resources the twin runs with), and add to it the
    ephemeral containers ``kubectl debug`` added to the pod, one by one through its
    ``ephemeralcontainers`` subresource. One the provider refuses (its Pod Security level, say,
    for a debugger with ``SYS_PTRACE``) is not tried again for that pod; a Warning Event
@@ -27,6 +30,7 @@ servers: a restart rebuilds the informers and converges.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
@@ -44,7 +48,7 @@ from kube.times import rfc3339
 
 from ..forge.fit import FitResult, placement_request
 from ..forge.labels import origin_of
-from ..forge.pods import ForgeOptions, new_ephemeral_containers, remote_pod, remote_pod_update
+from ..forge.pods import ForgeOptions, new_ephemeral_containers, remote_pod, remote_pod_update, resize_patch
 from ..remote import RemoteSide
 from .echoes import Echoes
 from .podstatus import observe_since
@@ -65,6 +69,7 @@ REASON_NOT_OFFLOADED = "NamespaceNotOffloaded"
 REASON_QUOTA = "ProviderQuotaExceeded"
 REASON_REJECTED = "ProviderRejected"
 REASON_EPHEMERAL_REJECTED = "EphemeralContainerRejected"
+REASON_RESIZE_REJECTED = "ResizeRejected"
 DEBUG_PROFILE_HINT = (
     "use kubectl debug --profile=baseline, or --profile=restricted where the provider enforces "
     "restricted: the default profile's --target adds SYS_PTRACE, which baseline refuses"
@@ -384,7 +389,32 @@ class PodReflector:
                 PODS, meta["name"], spec_patch, meta["namespace"], patch_type="strategic"
             )
             log.info("twin updated: %s", sorted(spec_patch))
-        return await self._add_ephemeral_containers(local, remote, log) or spec_patch is not None
+        resized = await self._resize(local, remote, log)
+        return await self._add_ephemeral_containers(local, remote, log) or resized or spec_patch is not None
+
+    async def _resize(self, local: RawObject, remote: RawObject, log: Any) -> bool:
+        """Resize the twin as the consumer pod was resized; whether it was."""
+        patch = resize_patch(local, remote)
+        if patch is None:
+            return False
+        meta = remote["metadata"]
+        try:
+            await self.provider.patch(
+                PODS, meta["name"], patch, meta["namespace"], subresource="resize", patch_type="strategic"
+            )
+        except NotFound:
+            return False  # the twin went: its deletion event brings the pod back
+        except (Invalid, Forbidden) as exc:
+            # the provider will not (its quota, a QoS class change it sees, a node that cannot):
+            # the twin runs as it was, which the pod's status shows; say why, once per request
+            message = f"the provider refused to resize the twin: {exc.message}"
+            log.warning("%s", message)
+            asked = json.dumps(patch["spec"], sort_keys=True)
+            await self._event(local, "Warning", REASON_RESIZE_REJECTED, message,
+                              once=f"{REASON_RESIZE_REJECTED}/{asked}")  # fmt: skip
+            return False
+        log.info("twin resized: %s", json.dumps(patch["spec"], sort_keys=True))
+        return True
 
     async def _add_ephemeral_containers(self, local: RawObject, remote: RawObject, log: Any) -> bool:
         """Add to the twin the ephemeral containers the consumer pod has and it lacks, one per
