@@ -765,6 +765,10 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         twin = await provider_client.get(PODS, twin["metadata"]["name"], f"{work}-ml-eu")
         assert runs_with(twin)["memory"] == "64Mi" and runs_with(twin)["cpu"] == "200m", twin["status"]
         await provider_client.delete(PODS, "filler", f"{work}-ml-eu", grace_period_seconds=0)
+        # the room back, the resize is asked again (as a kubelet retries a deferred one) and done
+        await wait_for(consumer_client, PODS, name,
+                       lambda p: runs_with(p).get("memory") == "200Mi" and not resizing(p),
+                       namespace=work, timeout=60)  # fmt: skip
 
         # the gateway pod deleted: its Deployment makes another (a new address); the route agent
         # routes to it, the tunnel comes back, and the call goes through again

@@ -17,7 +17,8 @@ the one thing the pair needs, in this order:
 6. otherwise → patch the twin with what may change on a running pod, resize it as the pod was
    resized (its ``resize`` subresource: cpu and memory; a refusal is a Warning Event
    ``ResizeRejected`` with the provider's words, and the pod's status keeps showing the
-   resources the twin runs with), and add to it the
+   resources the twin runs with; one its quota refused is asked again every few seconds, as a
+   kubelet retries a deferred resize), and add to it the
    ephemeral containers ``kubectl debug`` added to the pod, one by one through its
    ``ephemeralcontainers`` subresource. One the provider refuses (its Pod Security level, say,
    for a debugger with ``SYS_PTRACE``) is not tried again for that pod; a Warning Event
@@ -126,6 +127,8 @@ class PodReflector:
         self._events_sent: dict[ObjectKey, tuple[str, set[str]]] = {}  # pod -> (uid, reasons sent)
         self._refused: dict[ObjectKey, tuple[str, frozenset[str]]] = {}
         """Pods with ephemeral containers the provider refused: (uid, their names)."""
+        self._resize_deferred: set[ObjectKey] = set()
+        """Pods whose resize the provider's quota refused in the pass at hand."""
         self._gated: set[ObjectKey] = set()
         self._quota_waiting: dict[ObjectKey, ResourceList] = {}
         self._block_waiting: dict[ObjectKey, ResourceList] = {}
@@ -180,6 +183,7 @@ class PodReflector:
         if local is None:
             self._events_sent.pop(key, None)
             self._refused.pop(key, None)
+            self._resize_deferred.discard(key)
             if remote is not None:
                 await self._delete_twin(remote, grace=None, why="orphan", log=log)
             return None
@@ -196,7 +200,14 @@ class PodReflector:
         seen = (local["metadata"].get("resourceVersion"), remote["metadata"].get("resourceVersion"))
         if seen[0] is not None and seen[1] is not None and self._in_sync.get(key) == seen:
             return None  # the same pair as the last pass, which found nothing to patch
-        if await self._update(local, remote, log):
+        changed = await self._update(local, remote, log)
+        if key in self._resize_deferred:
+            # the provider's quota has no room for the resize now: asked again, as a kubelet
+            # retries a deferred resize, until it has or the pod changes
+            self._resize_deferred.discard(key)
+            self._in_sync.pop(key, None)
+            return Requeue(QUOTA_RETRY_SECONDS)
+        if changed:
             self._in_sync.pop(key, None)
         else:
             self._in_sync[key] = seen
@@ -406,12 +417,17 @@ class PodReflector:
             return False  # the twin went: its deletion event brings the pod back
         except (Invalid, Forbidden) as exc:
             # the provider will not (its quota, a QoS class change it sees, a node that cannot):
-            # the twin runs as it was, which the pod's status shows; say why, once per request
+            # the twin runs as it was, which the pod's status shows; say why, once per request.
+            # Its quota may have room later: that one is asked again (see reconcile)
             message = f"the provider refused to resize the twin: {exc.message}"
-            log.warning("%s", message)
             asked = json.dumps(patch["spec"], sort_keys=True)
-            await self._event(local, "Warning", REASON_RESIZE_REJECTED, message,
-                              once=f"{REASON_RESIZE_REJECTED}/{asked}")  # fmt: skip
+            said = await self._event(local, "Warning", REASON_RESIZE_REJECTED, message,
+                                     once=f"{REASON_RESIZE_REJECTED}/{asked}")  # fmt: skip
+            log.log(logging.WARNING if said else logging.DEBUG, "%s", message)
+            if isinstance(exc, Forbidden) and "exceeded quota" in exc.message:
+                self._resize_deferred.add(
+                    ObjectKey(local["metadata"]["namespace"], local["metadata"]["name"])
+                )
             return False
         log.info("twin resized: %s", json.dumps(patch["spec"], sort_keys=True))
         return True
@@ -465,15 +481,16 @@ class PodReflector:
         *,
         once: str | None = None,
         field_path: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Record an Event on the consumer pod, once per pod for each ``once`` (the reason,
-        unless given); ``field_path`` names the container it concerns, as a kubelet's does."""
+        unless given); ``field_path`` names the container it concerns, as a kubelet's does.
+        Whether it was recorded now (not before)."""
         meta = local["metadata"]
         key = ObjectKey(meta["namespace"], meta["name"])
         once = once or reason
         uid, sent = self._events_sent.get(key, ("", set()))
         if uid == meta["uid"] and once in sent:
-            return
+            return False
         now = _now()
         event: RawObject = {
             "apiVersion": "v1",
@@ -500,6 +517,7 @@ class PodReflector:
             event["involvedObject"]["fieldPath"] = field_path
         await self.consumer.create(EVENTS, event, meta["namespace"])
         self._events_sent[key] = (meta["uid"], (sent if uid == meta["uid"] else set()) | {once})
+        return True
 
 
 def _now() -> str:
