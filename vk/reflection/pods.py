@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 
 from kube.api import GPU_RESOURCE, GRANT_PIN_REFUSAL
 from kube.clients import KubeClient
-from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, NotFound, TemporaryError
+from kube.errors import AlreadyExists, Conflict, Forbidden, Invalid, KubeError, NotFound, TemporaryError
 from kube.informers import Change, Informer
 from kube.logs import object_logger
 from kube.metrics import counter
@@ -309,7 +309,7 @@ class PodReflector:
                 self._gated.add(key)
                 await self._hold(local, REASON_QUOTA, f"the provider's grant is moving: {exc.message}", log)
                 return Requeue(QUOTA_RETRY_SECONDS)
-            if "exceeded quota" not in str(exc):
+            if not quota_is_full(exc):
                 # admission (Pod Security, a policy): the pod as written never runs there; say why
                 await self._reject(local, str(exc.message), log)
                 return None
@@ -424,7 +424,7 @@ class PodReflector:
             said = await self._event(local, "Warning", REASON_RESIZE_REJECTED, message,
                                      once=f"{REASON_RESIZE_REJECTED}/{asked}")  # fmt: skip
             log.log(logging.WARNING if said else logging.DEBUG, "%s", message)
-            if isinstance(exc, Forbidden) and "exceeded quota" in exc.message:
+            if quota_is_full(exc):
                 self._resize_deferred.add(
                     ObjectKey(local["metadata"]["namespace"], local["metadata"]["name"])
                 )
@@ -518,6 +518,12 @@ class PodReflector:
         await self.consumer.create(EVENTS, event, meta["namespace"])
         self._events_sent[key] = (meta["uid"], (sent if uid == meta["uid"] else set()) | {once})
         return True
+
+
+def quota_is_full(exc: KubeError) -> bool:
+    """Whether the provider refused for want of room in the tenant's quota (``exceeded quota``,
+    the ResourceQuota admission's words): room may come, so what was refused is asked again."""
+    return isinstance(exc, Forbidden) and "exceeded quota" in str(exc)
 
 
 def _now() -> str:
