@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
@@ -23,7 +23,10 @@ __all__ = ["PREFIX", "REGISTRY", "counter", "gauge", "histogram", "render", "tra
 
 PREFIX = "gpuferry_"
 REGISTRY = CollectorRegistry(auto_describe=True)
-"""The registry every gpuferry metric lives in (served by each component's /metrics)."""
+"""The registry every gpuferry metric lives in (served by each component's /metrics), with the
+process' own CPU, memory and file descriptors (``process_*``, as every Go component of
+Kubernetes serves them: dashboards of a kubelet read its ``process_resident_memory_bytes``)."""
+ProcessCollector(registry=REGISTRY)
 
 DURATION_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 

@@ -65,6 +65,13 @@ class Probes:
     def ready(self) -> dict[str, bool]:
         return self._run(self.readiness)
 
+    def metrics_text(self) -> bytes:
+        """The text exposition of :data:`kube.metrics.REGISTRY`, its on-demand gauges refreshed
+        first."""
+        for refresh in self.before_metrics:
+            refresh()
+        return render()
+
 
 def _answer(request: web.Request, results: dict[str, bool], failing_status: int) -> web.Response:
     failed = sorted(name for name, ok in results.items() if not ok)
@@ -86,9 +93,7 @@ def make_app(probes: Probes) -> web.Application:
         return _answer(request, probes.ready(), 503)
 
     async def metrics(_: web.Request) -> web.Response:
-        for refresh in probes.before_metrics:
-            refresh()
-        return web.Response(body=render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=probes.metrics_text(), content_type="text/plain", charset="utf-8")
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
