@@ -802,6 +802,22 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
             c["memory"]["workingSetBytes"] for c in pod_stats["containers"] if "memory" in c
         )
         assert summary["node"]["memory"]["workingSetBytes"] >= pod_stats["memory"]["workingSetBytes"]
+        # Prometheus' kubelet scrape: the same usage under cAdvisor's names, with the labels its
+        # dashboards and recording rules read (image, container, the runtime's container ID)
+        cadvisor = consumer.kubectl("get", "--raw", f"/api/v1/nodes/{virtual_node_name('gpu-farm')}"
+                                    "/proxy/metrics/cadvisor")  # fmt: skip
+        pod = await consumer_client.get(PODS, name, work)
+        main_status = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "main")
+        runtime_id = main_status["containerID"].partition("://")[2]
+        labels = (f'container="main",{{}}id="/kubepods/pod{pod["metadata"]["uid"]}/{runtime_id}",'
+                  f'image="{main_status["image"]}",name="{runtime_id}",'
+                  f'namespace="{work}",pod="{name}"}}')  # fmt: skip
+        scraped = {line.rsplit(" ", 2)[0]: float(line.rsplit(" ", 2)[1]) for line in cadvisor.splitlines()
+                   if line.startswith(("container_cpu_usage", "container_memory_working"))}  # fmt: skip
+        assert scraped["container_cpu_usage_seconds_total{" + labels.format('cpu="total",')] > 0, cadvisor
+        working_set = scraped["container_memory_working_set_bytes{" + labels.format("")]
+        assert abs(working_set - main["memory"]["workingSetBytes"]) <= 8 * 2**20, (working_set, main)
+        assert "container_scrape_error 0" in cadvisor.splitlines(), cadvisor
 
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
     finally:

@@ -681,6 +681,9 @@ async def test_kubelet_api_authenticates_and_authorises_like_a_kubelet(
             assert (status, text) == (200, "sidecar ready\n")
             status, _ = await get("/stats/summary", allowed)
             assert status == 403  # nodes/stats is not granted by nodes/proxy
+            for path in ("/metrics", "/metrics/cadvisor", "/metrics/probes"):
+                status, text = await get(path, allowed)
+                assert status == 403 and "metrics" in text, (path, text)  # nodes/metrics is not either
             assert (await get("/no/such/route", allowed))[0] == 404
             assert (await get(f"/containerLogs/{ns}/not-here/main", allowed))[0] == 404
             # a stream request that upgrades to nothing is refused with a clear answer, not a hang
@@ -691,14 +694,41 @@ async def test_kubelet_api_authenticates_and_authorises_like_a_kubelet(
         # system:masters may do everything, stats included)
         admin = ssl.create_default_context(cafile=str(consumer.spec.pki_dir / "ca.crt"))
         admin.load_cert_chain(consumer.spec.pki_dir / "admin.crt", consumer.spec.pki_dir / "admin.key")
-        async with (
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=admin)) as session,
-            session.get(vk.url + "/stats/summary") as resp,
-        ):
-            assert resp.status == 200
-            summary = await resp.json()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=admin)) as session:
+
+            async def scrape(path: str) -> str:
+                async with session.get(vk.url + path) as resp:
+                    assert resp.status == 200, (path, await resp.text())
+                    return await resp.text()
+
+            summary = json.loads(await scrape("/stats/summary"))
+            # what Prometheus scrapes on every kubelet: the virtual kubelet's own metrics, the
+            # twins' containers under cAdvisor's names (kwok's twins: start times, no usage
+            # measured, none made up), and no probe counts (the provider's kubelet runs them)
+            own, cadvisor, probes = [
+                await scrape(p) for p in ("/metrics", "/metrics/cadvisor", "/metrics/probes")
+            ]
         assert summary["node"]["nodeName"] == vk.node
         assert [p["podRef"]["name"] for p in summary["pods"]] == [offloaded.name]
+        assert "gpuferry_api_requests_total{" in own and "process_resident_memory_bytes" in own, own
+        pod = await consumer_client.get(PODS, offloaded.name, ns)
+        images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        started = {
+            line.split('container="')[1].split('"')[0]: line
+            for line in cadvisor.splitlines()
+            if line.startswith("container_start_time_seconds{") and f'pod="{offloaded.name}"' in line
+        }
+        assert set(started) == set(images), cadvisor
+        cgroups = {"Guaranteed": "", "Burstable": "/burstable", "BestEffort": "/besteffort"}
+        qos = cgroups[pod["status"]["qosClass"]]
+        for container, line in started.items():
+            assert f'namespace="{ns}"' in line and f'image="{images[container]}"' in line, line
+            assert f'id="/kubepods{qos}/pod{pod["metadata"]["uid"]}' in line, line
+        usage = ("container_cpu", "container_memory")
+        assert not [line for line in cadvisor.splitlines() if line.startswith(usage)], cadvisor
+        assert "container_scrape_error 0" in cadvisor.splitlines(), cadvisor
+        probe_lines = probes.splitlines()
+        assert probe_lines and all(line.startswith("# ") for line in probe_lines), probes
     finally:
         for resource, name in ((CLUSTERROLEBINDINGS, role), (CLUSTERROLES, role)):
             with contextlib.suppress(NotFound):

@@ -1,6 +1,7 @@
 """What the provider's metrics API says a twin uses, told as a kubelet tells it of its pods: the
-resource metrics (``/metrics/resource``, which metrics-server scrapes for ``kubectl top``) and
-the Summary API's CPU and memory. Pure.
+resource metrics (``/metrics/resource``, which metrics-server scrapes for ``kubectl top``), the
+cAdvisor metrics (``/metrics/cadvisor``, which Prometheus scrapes on every node) and the Summary
+API's CPU and memory. Pure.
 
 The provider's metrics-server gives each twin container a CPU *rate* (cores, averaged over a
 window that ends at a timestamp) and a memory working set. A kubelet gives a *cumulative* CPU
@@ -232,6 +233,77 @@ def resource_metrics(
         "0 otherwise",
         "# TYPE resource_scrape_error gauge",
         f"resource_scrape_error {int(scrape_error)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+QOS_CGROUPS = {
+    "Guaranteed": "/kubepods",
+    "Burstable": "/kubepods/burstable",
+    "BestEffort": "/kubepods/besteffort",
+}
+"""Where a kubelet with the cgroupfs driver puts a pod's cgroup, by its QoS class."""
+
+CADVISOR_USAGE: list[tuple[str, str, str, dict[str, str], Callable[[Measured], float]]] = [
+    ("container_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed in seconds.",
+     {"cpu": "total"}, lambda m: m.cpu_seconds),
+    ("container_memory_working_set_bytes", "gauge", "Current working set in bytes.", {},
+     lambda m: m.memory_bytes),
+]  # fmt: skip
+"""A container's usage series as cAdvisor names and describes them, with their own labels."""
+
+
+def cadvisor_identity(pod: RawObject, container: str) -> dict[str, str]:
+    """The labels cAdvisor (in a kubelet) gives a container of ``pod``, but for ``cpu``: the
+    container's name, its cgroup as a kubelet with the cgroupfs driver names it from the pod's
+    UID, QoS class and container ID (``id``), its image as its status gives it (else its spec),
+    its runtime ID (``name``; empty for a container that has none, as kwok's), the pod's
+    namespace and name. Sorted by label name, as cAdvisor writes them. Pure."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    statuses = {cs.get("name"): cs for cs in status.get("containerStatuses") or ()}
+    found = statuses.get(container) or {}
+    runtime_id = str(found.get("containerID") or "").partition("://")[2]
+    spec_image = next((c.get("image") for c in (pod.get("spec") or {}).get("containers") or ()
+                       if c.get("name") == container), None)  # fmt: skip
+    cgroup = f"{QOS_CGROUPS.get(str(status.get('qosClass')), '/kubepods/burstable')}/pod{meta.get('uid')}"
+    return {
+        "container": container,
+        "id": f"{cgroup}/{runtime_id}" if runtime_id else cgroup,
+        "image": str(found.get("image") or spec_image or ""),
+        "name": runtime_id,
+        "namespace": str(meta.get("namespace")),
+        "pod": str(meta["name"]),
+    }
+
+
+def cadvisor_metrics(pods: Iterable[RawObject], measured: Iterable[Measured], scrape_error: bool) -> str:
+    """The kubelet's ``/metrics/cadvisor`` text for ``pods``: each running container's start
+    time, the CPU counter and working set the provider measured (none for a container it did
+    not: never made up), and whether reading the provider failed. The series and labels that
+    Prometheus' kubelet scrape and its usual dashboards and recording rules read
+    (``container_cpu_usage_seconds_total{image!=""}``, ``container_memory_working_set_bytes``
+    with ``container`` and ``image``); nothing of the node's machine, which has none. Pure."""
+    pods = list(pods)
+    by_key = {(str(p["metadata"].get("namespace")), p["metadata"]["name"]): p for p in pods}
+    measured = [m for m in measured if (m.namespace, m.pod) in by_key]
+    lines = []
+    for name, kind, help_, extra, value in CADVISOR_USAGE:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for m in measured:
+            labels = cadvisor_identity(by_key[(m.namespace, m.pod)], m.container)
+            labels = dict(sorted({**labels, **extra}.items()))
+            lines.append(_series(name, labels, value(m), m.timestamp))
+    lines += [
+        "# HELP container_start_time_seconds Start time of the container since unix epoch in seconds.",
+        "# TYPE container_start_time_seconds gauge",
+    ]
+    for pod in pods:
+        for container, started in sorted(_started(pod).items()):
+            lines.append(_series("container_start_time_seconds", cadvisor_identity(pod, container), started))
+    lines += [
+        "# HELP container_scrape_error 1 if there was an error while getting container metrics, 0 otherwise",
+        "# TYPE container_scrape_error gauge",
+        f"container_scrape_error {int(scrape_error)}",
     ]
     return "\n".join(lines) + "\n"
 

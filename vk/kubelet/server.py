@@ -10,9 +10,12 @@ consumer pod bound to this node and its twin on the provider:
   relayed to the twin's ``pods/exec|attach|portforward`` (:mod:`.streams`), SPDY/3.1 upgrades
   passed through to the same (:mod:`.spdy`);
 - ``/pods``, ``/runningpods/``: the consumer pods bound here (running ones: twin Running);
-- ``/stats/summary``, ``/metrics/resource``: node and pod identity and start times, and CPU and
-  memory where the provider's metrics API measured a twin (:mod:`vk.forge.usage`; absent, never
-  made up, where it did not);
+- ``/stats/summary``, ``/metrics/resource``, ``/metrics/cadvisor``: node and pod identity and
+  start times, and CPU and memory where the provider's metrics API measured a twin
+  (:mod:`vk.forge.usage`; absent, never made up, where it did not);
+- ``/metrics``: the virtual kubelet's own metrics, as a kubelet serves its own there;
+  ``/metrics/probes``: no series, for the twins' probes run on the provider's kubelet (a
+  Prometheus that scrapes every kubelet's three paths finds each one up);
 - ``/healthz``: ok.
 
 Anything else is a 404 from the router. Every request is authenticated and authorised first
@@ -31,6 +34,7 @@ from aiohttp import web
 
 from kube.clients import KubeClient
 from kube.errors import KubeError
+from kube.metrics import render
 from kube.objects import ObjectKey, RawObject, Resource
 from kube.times import rfc3339
 
@@ -38,6 +42,7 @@ from ..forge.usage import (
     ContainerUsage,
     CpuCounters,
     Measured,
+    cadvisor_metrics,
     container_usage,
     measure,
     pod_total,
@@ -68,6 +73,8 @@ class KubeletContext:
     """Its twin on the provider, by the consumer pod's key (None: not created yet)."""
     local_keys: Callable[[], list[ObjectKey]]
     started: datetime.datetime
+    own_metrics: Callable[[], bytes] = render
+    """The virtual kubelet's own metrics in Prometheus' text format."""
 
 
 CONTEXT = web.AppKey("kubelet_context", KubeletContext)
@@ -244,7 +251,6 @@ async def healthz(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-
 PODMETRICS = Resource("metrics.k8s.io", "v1beta1", "pods", "PodMetrics", namespaced=True)
 USAGE_READ_SECONDS = 5.0
 """How long a scrape waits for the provider's metrics: metrics-server gives a kubelet 10 s, and a
@@ -346,15 +352,46 @@ async def stats_summary(request: web.Request) -> web.Response:
     return web.json_response({"node": node_stats, "pods": pod_stats})
 
 
+async def _measured(request: web.Request) -> tuple[list[RawObject], list[Measured], Measured | None, bool]:
+    """The pods bound here, their containers' usage and the node's, and whether reading the
+    provider failed."""
+    ctx, usage = request.app[CONTEXT], request.app[USAGE]
+    local = _local_pods(ctx)
+    measured, node = await usage.read(ctx, local)
+    return local, measured, node, usage.failed is not None
+
+
 async def metrics_resource(request: web.Request) -> web.Response:
     """The resource metrics endpoint that metrics-server scrapes (``kubectl top``): container
     start times, and the usage the provider's metrics API measured for the twins."""
-    ctx = request.app[CONTEXT]
-    local = _local_pods(ctx)
-    usage = request.app[USAGE]
-    measured, node = await usage.read(ctx, local)
-    text = resource_metrics(local, measured, node, scrape_error=usage.failed is not None)
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+    local, measured, node, failed = await _measured(request)
+    return web.Response(text=resource_metrics(local, measured, node, scrape_error=failed),
+                        content_type="text/plain", charset="utf-8")  # fmt: skip
+
+
+async def metrics_cadvisor(request: web.Request) -> web.Response:
+    """The cAdvisor endpoint that Prometheus scrapes on every node: the same usage as
+    ``/metrics/resource``, under cAdvisor's names and labels."""
+    local, measured, _, failed = await _measured(request)
+    return web.Response(text=cadvisor_metrics(local, measured, scrape_error=failed),
+                        content_type="text/plain", charset="utf-8")  # fmt: skip
+
+
+async def own_metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[CONTEXT].own_metrics(), content_type="text/plain", charset="utf-8")
+
+
+PROBE_METRICS = (
+    "# HELP prober_probe_total [BETA] Cumulative number of a liveness, readiness or startup probe for a "
+    "container by result.\n"
+    "# TYPE prober_probe_total counter\n"
+)
+"""``/metrics/probes``: the family with no series. The twins' probes run on the provider's
+kubelet, which counts them; this one runs none."""
+
+
+async def probe_metrics(_: web.Request) -> web.Response:
+    return web.Response(text=PROBE_METRICS, content_type="text/plain", charset="utf-8")
 
 
 def make_app(ctx: KubeletContext, authn: Authenticator) -> web.Application:
@@ -368,6 +405,9 @@ def make_app(ctx: KubeletContext, authn: Authenticator) -> web.Application:
     r.add_get("/runningpods/", running_pods)
     r.add_get("/stats/summary", stats_summary)
     r.add_get("/metrics/resource", metrics_resource)
+    r.add_get("/metrics/cadvisor", metrics_cadvisor)
+    r.add_get("/metrics/probes", probe_metrics)
+    r.add_get("/metrics", own_metrics)
     r.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
     for method in ("GET", "POST"):
         r.add_route(method, "/exec/{namespace}/{pod}/{container}", exec_)

@@ -19,7 +19,16 @@ from kube.clients import KubeClient
 from kube.kubeconfigs import Connection
 from kube.objects import ObjectKey, RawObject
 from kube.ports import free_port
-from vk.kubelet.server import CONTEXT, USAGE, KubeletContext, Usage, container_logs, exec_, metrics_resource
+from vk.kubelet.server import (
+    CONTEXT,
+    USAGE,
+    KubeletContext,
+    Usage,
+    container_logs,
+    exec_,
+    metrics_cadvisor,
+    metrics_resource,
+)
 
 POD: RawObject = {"metadata": {"name": "trainer", "namespace": "ml"}, "status": {"phase": "Running"}}
 TWIN: RawObject = {"metadata": {"name": "trainer", "namespace": "ml-cons"}}
@@ -43,6 +52,7 @@ async def _served(ctx: KubeletContext) -> TestClient[web.Request, web.Applicatio
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
     app.router.add_get("/exec/{namespace}/{pod}/{container}", exec_)
     app.router.add_get("/metrics/resource", metrics_resource)
+    app.router.add_get("/metrics/cadvisor", metrics_cadvisor)
     return TestClient(TestServer(app))
 
 
@@ -201,17 +211,26 @@ async def _garbled(_: web.Request) -> web.StreamResponse:
 @pytest.mark.parametrize(
     "provider_metrics", [_hang, _forbidden, _garbled], ids=["hangs", "forbidden", "garbled"]
 )
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [("/metrics/resource", "resource_scrape_error"), ("/metrics/cadvisor", "container_scrape_error")],
+)
 async def test_usage_the_provider_does_not_give_costs_the_figures_not_the_scrape(
-    provider_at: Opener, provider_metrics: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    provider_at: Opener,
+    provider_metrics: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    path: str,
+    error: str,
 ) -> None:
     """metrics-server gives a kubelet 10 s: a provider whose metrics API hangs, refuses the
     tenant, or gives a PodMetrics that cannot be read (no timestamp, a CPU that is no quantity)
-    still lets the scrape answer, in time, without usage and with the scrape error set."""
+    still lets the scrape answer, in time, without usage and with the scrape error set; so does
+    Prometheus' scrape of the cAdvisor endpoint."""
     metrics_path = "/apis/metrics.k8s.io/v1beta1/namespaces/ml-cons/pods"
     async with _kubelet_before(provider_at, metrics_path, provider_metrics) as client:
         async with asyncio.timeout(5):
-            answer = await client.get("/metrics/resource")
+            answer = await client.get(path)
         text = await answer.text()
     assert answer.status == 200, text
-    assert "resource_scrape_error 1" in text.splitlines()
-    assert "usage" not in text and "working_set" not in text, text
+    assert f"{error} 1" in text.splitlines()
+    samples = [line for line in text.splitlines() if not line.startswith("#")]
+    assert not [s for s in samples if "usage" in s or "working_set" in s], text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kube.objects import RawObject
 from kube.times import unix_seconds
@@ -14,6 +15,8 @@ from vk.forge.usage import (
     ContainerUsage,
     CpuCounters,
     _seconds,
+    cadvisor_identity,
+    cadvisor_metrics,
     container_usage,
     measure,
     resource_metrics,
@@ -161,3 +164,68 @@ def test_summary_usage_is_the_summary_apis_shape() -> None:
         },
         "memory": {"time": "2026-11-28T10:00:00Z", "workingSetBytes": 2**30},
     }
+
+
+def running_pod(name: str, uid: str, qos: str, container_id: str | None) -> RawObject:
+    """A consumer pod whose twin runs one container, ``main``, as status back writes it."""
+    pod = consumer_pod(name, uid)
+    (status,) = pod["status"]["containerStatuses"]
+    status["image"] = "docker.io/library/python:3.11-slim"
+    if container_id:
+        status["containerID"] = container_id
+    pod["status"]["qosClass"] = qos
+    pod["spec"] = {"containers": [{"name": "main", "image": "python:3.11-slim"}]}
+    return pod
+
+
+def test_cadvisor_metrics_are_what_prometheus_reads_of_a_container() -> None:
+    """The series and labels kube-prometheus' recording rules and dashboards read
+    (``container_cpu_usage_seconds_total{image!=""}``, ``container_memory_working_set_bytes``
+    by namespace, pod and container): the rate Prometheus computes from two scrapes is the
+    provider's, and the text parses as Prometheus' own parser reads it."""
+    counters = CpuCounters()
+    pods = [running_pod("trainer", "u1", "Guaranteed", "containerd://abc123"),
+            running_pod("kwokish", "u2", "BestEffort", None)]  # fmt: skip
+    scrapes = []
+    for at, cpu in (("2026-11-28T10:00:00Z", "500m"), ("2026-11-28T10:00:30Z", "2")):
+        usage = {"u1": container_usage(pod_metrics("trainer", at, "15s", main=(cpu, "2Gi")))}
+        measured, _ = measure(pods, usage, counters)
+        text = cadvisor_metrics(pods, measured, scrape_error=False)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert set(families) == {"container_cpu_usage_seconds", "container_memory_working_set_bytes",
+                                 "container_start_time_seconds", "container_scrape_error"}  # fmt: skip
+        scrapes.append(series(text))
+    trainer = ('container="main",{}id="/kubepods/podu1/abc123",image="docker.io/library/python:3.11-slim",'
+               'name="abc123",namespace="ml",pod="trainer"')  # fmt: skip
+    cpu_key = "container_cpu_usage_seconds_total{" + trainer.format('cpu="total",') + "}"
+    (c1, t1), (c2, t2) = scrapes[0][cpu_key], scrapes[1][cpu_key]
+    assert t1 is not None and t2 is not None and t2 - t1 == 30_000
+    assert (c2 - c1) / 30 == pytest.approx(2.0)  # rate() over the two samples
+    assert scrapes[1]["container_memory_working_set_bytes{" + trainer.format("") + "}"] == (2 * 2**30, t2)
+    assert scrapes[1]["container_start_time_seconds{" + trainer.format("") + "}"] == (
+        unix_seconds("2026-11-28T09:59:00Z"),
+        None,
+    )
+    # a container with no runtime ID (kwok's) and no usage measured: its start time, under its
+    # pod's cgroup, and no usage, never a made-up one
+    kwokish = (
+        'container_start_time_seconds{container="main",id="/kubepods/besteffort/podu2",'
+        'image="docker.io/library/python:3.11-slim",name="",namespace="ml",pod="kwokish"}'
+    )
+    assert kwokish in scrapes[1]
+    assert [k for k in scrapes[1] if 'pod="kwokish"' in k] == [kwokish]
+    assert scrapes[1]["container_scrape_error"] == (0.0, None)
+
+
+def test_cadvisor_metrics_of_nothing_measured_say_the_scrape_failed() -> None:
+    pods = [running_pod("trainer", "u1", "Burstable", "containerd://abc123")]
+    text = cadvisor_metrics(pods, [], scrape_error=True)
+    assert list(series(text)) == [
+        'container_start_time_seconds{container="main",id="/kubepods/burstable/podu1/abc123",'
+        'image="docker.io/library/python:3.11-slim",name="abc123",namespace="ml",pod="trainer"}',
+        "container_scrape_error",
+    ]
+    assert series(text)["container_scrape_error"] == (1.0, None)
+    # no status image yet: the spec's
+    del pods[0]["status"]["containerStatuses"][0]["image"]
+    assert cadvisor_identity(pods[0], "main")["image"] == "python:3.11-slim"
