@@ -818,6 +818,12 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         working_set = scraped["container_memory_working_set_bytes{" + labels.format("")]
         assert abs(working_set - main["memory"]["workingSetBytes"]) <= 8 * 2**20, (working_set, main)
         assert "container_scrape_error 0" in cadvisor.splitlines(), cadvisor
+        resource = consumer.kubectl("get", "--raw", f"/api/v1/nodes/{virtual_node_name('gpu-farm')}"
+                                    "/proxy/metrics/resource")  # fmt: skip
+        pod_series = f'pod_memory_working_set_bytes{{namespace="{work}",pod="{name}"}}'
+        (pod_memory,) = [float(line.split()[1]) for line in resource.splitlines()
+                         if line.startswith(pod_series + " ")]  # fmt: skip
+        assert abs(pod_memory - pod_stats["memory"]["workingSetBytes"]) <= 8 * 2**20, (pod_memory, pod_stats)
 
         await cli.ok("unoffload", "namespace", work, "--kubeconfig", cli.c)
     finally:

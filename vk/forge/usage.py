@@ -195,13 +195,22 @@ CONTAINER_USAGE: list[tuple[str, str, str, Callable[[Measured], float]]] = [
 ]  # fmt: skip
 """A container's usage series as the kubelet names and describes them."""
 
+POD_USAGE: list[tuple[str, str, str, Callable[[Measured], float]]] = [
+    ("pod_cpu_usage_seconds_total", "counter",
+     "Cumulative cpu time consumed by the pod in core-seconds", lambda m: m.cpu_seconds),
+    ("pod_memory_working_set_bytes", "gauge",
+     "Current working set of the pod in bytes", lambda m: m.memory_bytes),
+]  # fmt: skip
+"""A pod's usage series as the kubelet names and describes them: here its containers' added up
+(:func:`pod_total`, as the Summary API's pod figures), the provider measuring containers."""
+
 
 def resource_metrics(
     pods: Iterable[RawObject], measured: Iterable[Measured], node: Measured | None, scrape_error: bool
 ) -> str:
     """The kubelet's ``/metrics/resource`` text: start times of the running containers of
-    ``pods``, then the usage ``measured``, the node's, and whether reading the provider
-    failed. Pure."""
+    ``pods``, then the usage ``measured``, each pod's (its containers' added up), the node's,
+    and whether reading the provider failed. Pure."""
     measured = list(measured)
     lines = [
         "# HELP container_start_time_seconds [STABLE] Start time of the container since unix epoch "
@@ -218,6 +227,14 @@ def resource_metrics(
         for m in measured:
             labels = {"container": m.container, "namespace": m.namespace, "pod": m.pod}
             lines.append(_series(name, labels, value(m), m.timestamp))
+    by_pod: dict[tuple[str, str], list[Measured]] = {}
+    for m in measured:
+        by_pod.setdefault((m.namespace, m.pod), []).append(m)
+    totals = [total for ms in by_pod.values() if (total := pod_total(ms)) is not None]
+    for name, kind, help_, value in POD_USAGE if totals else ():
+        lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
+        for p in totals:
+            lines.append(_series(name, {"namespace": p.namespace, "pod": p.pod}, value(p), p.timestamp))
     if node is not None:
         lines += [
             "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in "

@@ -229,3 +229,28 @@ def test_cadvisor_metrics_of_nothing_measured_say_the_scrape_failed() -> None:
     # no status image yet: the spec's
     del pods[0]["status"]["containerStatuses"][0]["image"]
     assert cadvisor_identity(pods[0], "main")["image"] == "python:3.11-slim"
+
+
+def test_a_pods_resource_metrics_are_its_containers_added_up() -> None:
+    """``pod_cpu_usage_seconds_total`` and ``pod_memory_working_set_bytes`` (STABLE on a
+    kubelet's ``/metrics/resource``): the rate over two scrapes is the sum of the containers'
+    rates; a pod the provider did not measure has none."""
+    counters = CpuCounters()
+    trainer = consumer_pod("trainer", "u1")
+    trainer["status"]["containerStatuses"].append(
+        {"name": "side", "state": {"running": {"startedAt": "2026-11-28T09:59:00Z"}}}
+    )
+    pods = [trainer, consumer_pod("other", "u2")]
+    scrapes = []
+    for at, main_cpu in (("2026-11-28T10:00:00Z", "500m"), ("2026-11-28T10:00:20Z", "1")):
+        usage = {
+            "u1": container_usage(
+                pod_metrics("trainer", at, "15s", main=(main_cpu, "2Gi"), side=("250m", "1Gi"))
+            )
+        }
+        measured, node = measure(pods, usage, counters)
+        scrapes.append(series(resource_metrics(pods, measured, node, scrape_error=False)))
+    (c1, t1), (c2, t2) = (s['pod_cpu_usage_seconds_total{namespace="ml",pod="trainer"}'] for s in scrapes)
+    assert t1 is not None and t2 is not None and (c2 - c1) / ((t2 - t1) / 1000) == pytest.approx(1.25)
+    assert scrapes[1]['pod_memory_working_set_bytes{namespace="ml",pod="trainer"}'] == (3 * 2**30, t2)
+    assert not [k for k in scrapes[1] if k.startswith("pod_") and 'pod="other"' in k]
