@@ -24,7 +24,7 @@ import pytest
 from hack.localcluster import LocalCluster
 from kube.clients import KubeClient
 from kube.errors import NotFound
-from kube.objects import LEASES, NAMESPACES, NODES, PODS, RawObject
+from kube.objects import EVENTS, LEASES, NAMESPACES, NODES, PODS, RawObject
 from kube.watching import Listed, watch_objects
 from vk.forge.labels import ORIGIN_UID, VIRTUAL_NODE_TAINT_KEY, owner_selector
 
@@ -296,6 +296,10 @@ async def test_provider_outage_longer_than_the_eviction_timeout_costs_no_pod(
                 # a new pod for this node waits: NoSchedule
                 late = pinned_pod("late", vk.node, {"nvidia.com/gpu": "1"})
                 await consumer_client.create(PODS, late, ns)
+                # a debugger asked meanwhile: the consumer's API server takes it, and the twin
+                # is to get it once the provider answers (a connection refused is no refusal)
+                consumer.kubectl("-n", ns, "debug", "runs-on", "--image=busybox", "-c", "dbg",
+                                 "--profile=baseline")  # fmt: skip
                 await asyncio.sleep(max(0.0, 30 - (time.monotonic() - cut)))
                 node = await consumer_client.get(NODES, vk.node)
                 taints = {t["key"] for t in node["spec"].get("taints") or []}
@@ -305,6 +309,7 @@ async def test_provider_outage_longer_than_the_eviction_timeout_costs_no_pod(
                 vk.assert_alive()
 
                 await relay.start()
+                back = time.monotonic()
                 await wait_for(consumer_client, NODES, vk.node, schedulable, timeout=60)
                 phases = {"runs-on": "Running", "finishes": "Succeeded", "loses-twin": "Failed"}
                 phases["late"] = "Running"
@@ -318,6 +323,17 @@ async def test_provider_outage_longer_than_the_eviction_timeout_costs_no_pod(
                         await asyncio.sleep(0.5)
 
                 after = await asyncio.wait_for(converged(), timeout=60)
+                kept = twins_before[before["runs-on"]["metadata"]["uid"]]["metadata"]
+                debugged = await wait_for(
+                    provider_client, PODS, kept["name"],
+                    lambda t: [c["name"] for c in t["spec"].get("ephemeralContainers") or []] == ["dbg"],
+                    namespace=kept["namespace"], timeout=60,
+                )  # fmt: skip
+                print(f"debugger on the twin {time.monotonic() - back:.1f}s after the provider came back")
+                refused = "reason=EphemeralContainerRejected"
+                refusals = await consumer_client.list(EVENTS, ns, field_selector=refused)
+                assert not refusals["items"], refusals["items"]
+                assert debugged["spec"]["ephemeralContainers"][0]["image"] == "busybox"
             finally:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
