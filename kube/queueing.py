@@ -8,7 +8,8 @@ The semantics are client-go's ``workqueue`` (rate-limited, delaying), in asyncio
 * at most ``workers`` keys are processed concurrently;
 * :meth:`KeyedQueue.add_after` adds a key later (the earliest of several requested times wins);
   :meth:`KeyedQueue.requeue_rate_limited` does so with a per-key exponential backoff that
-  :meth:`KeyedQueue.forget` resets once the key succeeds.
+  :meth:`KeyedQueue.forget` resets once the key succeeds, and :meth:`KeyedQueue.retry_now` cuts
+  short for every key at once (what they failed on is back).
 
 :meth:`KeyedQueue.run` runs the workers with a handler until :meth:`KeyedQueue.shutdown` (it
 then lets work in progress finish, for up to ``drain_timeout``) or until cancelled.
@@ -156,6 +157,17 @@ class KeyedQueue(Generic[K]):
         self._retries.inc()
         self.add_after(key, delay)
         return delay
+
+    def retry_now(self) -> int:
+        """Add now every key waiting out a backoff after a failure (what it failed on is back:
+        the keys of an outage are not to wait up to ``backoff_max`` more); keys delayed for any
+        other reason keep their time. Their failure counts stay. Returns how many."""
+        failed = [key for key in self._delayed if self._failures.get(key, 0) > 0]
+        for key in failed:
+            self._delayed.pop(key)[1].cancel()
+            self.add(key)
+        self._changed()
+        return len(failed)
 
     def forget(self, key: K) -> None:
         """Reset ``key``'s backoff: call it when the key was processed successfully."""

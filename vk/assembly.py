@@ -137,6 +137,13 @@ def assemble_virtual_kubelet(
     if settings.kubelet_api:
         add_kubelet_api(manager, settings, **sides, local=local, remote=remote, node=node)
     add_resync(manager, settings, pods=pods, copiers=copiers)
+
+    def provider_back() -> None:  # what failed in the outage is tried now, not after its backoff
+        queues = (pods.to_remote, pods.status_from_remote, *(c.queue for c in copiers))
+        retried = sum(queue.retry_now() for queue in queues)
+        logger.info("provider back: %d keys that failed meanwhile retried now", retried)
+
+    node.on_provider_back(provider_back)
     return manager, node
 
 

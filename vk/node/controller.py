@@ -155,6 +155,7 @@ class NodeController:
         self._probe_failures = 0
         self._dirty = asyncio.Event()
         self._capacity_listeners: list[Callable[[], None]] = []
+        self._back_listeners: list[Callable[[], None]] = []
         self._last_update = -MIN_UPDATE_INTERVAL
         self._last_heartbeat = 0.0
         self._version = KUBELET_VERSION
@@ -216,6 +217,12 @@ class NodeController:
         """Call ``listener`` whenever the provider's nodes or pods change what fits (the pod
         reflector re-examines gated pods then, instead of waiting for a timer)."""
         self._capacity_listeners.append(listener)
+
+    def on_provider_back(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the provider answers again after it was found unreachable (the
+        pod and copy queues retry then what failed meanwhile, instead of waiting out their
+        backoff: up to a minute after an outage of a few)."""
+        self._back_listeners.append(listener)
 
     def retire(self) -> None:
         """The node's VirtualNode is gone: write its Node and Lease no more, from now on.
@@ -286,6 +293,9 @@ class NodeController:
             PROVIDER_REACHABLE.labels(self.node_name).set(1 if self.reachable else 0)
             if self.reachable:
                 self.log.info("provider API server is reachable")
+                if before is False:
+                    for listener in self._back_listeners:
+                        listener()
             else:
                 self.log.warning("provider API server is unreachable: %s", self.probe_error)
             self._dirty.set()

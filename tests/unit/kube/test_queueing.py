@@ -129,6 +129,27 @@ async def test_a_failing_handler_is_retried_with_growing_delays(caplog: pytest.L
     assert "processing a failed" in caplog.text and "attempt 1" in caplog.text
 
 
+async def test_retry_now_cuts_short_the_backoff_of_failed_keys_only() -> None:
+    """What the keys failed on is back (a provider that answers again): those waiting out a
+    backoff run now, a key delayed for another reason (a resync) keeps its time, and a key
+    that fails again backs off from where it was."""
+    queue: KeyedQueue[str] = KeyedQueue("outage", settings=QueueSettings(backoff_base=30, backoff_max=60))
+    tracker = Tracker()
+    loop = asyncio.get_running_loop()
+    async with running(queue, tracker):
+        queue.requeue_rate_limited("failed")
+        queue.requeue_rate_limited("failed")
+        queue.add_after("resync", 30)
+        assert queue.retry_now() == 1
+        start = loop.time()
+        await asyncio.sleep(0.3)  # against a backoff of 60 s
+        assert tracker.runs["failed"] == 1 and tracker.started_at["failed"][0] - start < 0.3
+        assert tracker.runs["resync"] == 0 and queue.pending == {"resync"}
+        assert queue.failures("failed") == 2 and queue.requeue_rate_limited("failed") == 60
+        assert queue.retry_now() == 1 and queue.retry_now() == 0
+        queue.discard("resync")
+
+
 async def test_add_after_waits_and_the_earliest_request_wins() -> None:
     queue: KeyedQueue[str] = KeyedQueue("later", settings=FAST)
     tracker = Tracker()

@@ -30,7 +30,7 @@ from vk.forge.node import (
     uniform_gpu_labels,
     virtual_node,
 )
-from vk.node.controller import NodeController
+from vk.node.controller import PROBE_FAILURES, NodeController
 from vk.node.provider import ProviderView, identity_keys
 from vk.settings import VirtualKubeletSettings
 
@@ -870,3 +870,28 @@ def test_a_new_grant_is_advertised_without_a_restart_and_a_bad_one_is_refused() 
     assert not woken
     controller.apply_grant({"nvidia.com/gpu": "two"}, {})  # not a quantity: the grant in force stays
     assert controller.desired(None)["status"]["capacity"]["nvidia.com/gpu"] == "2" and not woken
+
+
+def test_the_provider_back_after_an_outage_wakes_its_listeners_once() -> None:
+    """Found unreachable (PROBE_FAILURES probes in a row), then answering again: the queues'
+    listener is called once then, not at the first probe of a process (nothing failed before)
+    nor at a probe that fails once between good ones."""
+    settings = VirtualKubeletSettings(
+        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
+        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
+    )  # fmt: skip
+    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
+    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    back: list[int] = []
+    controller.on_provider_back(lambda: back.append(1))
+    controller._record_probe(None)  # the first probe: reachable, nothing to retry
+    controller._record_probe("connection refused")  # one failure: still reachable
+    controller._record_probe(None)
+    assert controller.reachable is True and back == []
+    for _ in range(PROBE_FAILURES):
+        controller._record_probe("connection refused")
+    assert controller.reachable is False and back == []
+    controller._record_probe(None)
+    assert controller.reachable is True and back == [1]
+    controller._record_probe(None)
+    assert back == [1]
