@@ -809,13 +809,16 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         pod = await consumer_client.get(PODS, name, work)
         main_status = next(c for c in pod["status"]["containerStatuses"] if c["name"] == "main")
         runtime_id = main_status["containerID"].partition("://")[2]
-        labels = (f'container="main",{{}}id="/kubepods/pod{pod["metadata"]["uid"]}/{runtime_id}",'
-                  f'image="{main_status["image"]}",name="{runtime_id}",'
-                  f'namespace="{work}",pod="{name}"}}')  # fmt: skip
+        cgroup = f'/kubepods/pod{pod["metadata"]["uid"]}/{runtime_id}'
+
+        def labelled(series: str, cpu: str = "") -> str:
+            return (f'{series}{{container="main",{cpu}id="{cgroup}",image="{main_status["image"]}",'
+                    f'name="{runtime_id}",namespace="{work}",pod="{name}"}}')  # fmt: skip
+
         scraped = {line.rsplit(" ", 2)[0]: float(line.rsplit(" ", 2)[1]) for line in cadvisor.splitlines()
                    if line.startswith(("container_cpu_usage", "container_memory_working"))}  # fmt: skip
-        assert scraped["container_cpu_usage_seconds_total{" + labels.format('cpu="total",')] > 0, cadvisor
-        working_set = scraped["container_memory_working_set_bytes{" + labels.format("")]
+        assert scraped[labelled("container_cpu_usage_seconds_total", 'cpu="total",')] > 0, cadvisor
+        working_set = scraped[labelled("container_memory_working_set_bytes")]
         assert abs(working_set - main["memory"]["workingSetBytes"]) <= 8 * 2**20, (working_set, main)
         assert "container_scrape_error 0" in cadvisor.splitlines(), cadvisor
         resource = consumer.kubectl("get", "--raw", f"/api/v1/nodes/{virtual_node_name('gpu-farm')}"
