@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hack.localcluster import LocalCluster
+from hack.localcluster.cluster import KubectlFailed
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, Forbidden, Invalid, NotFound
 from kube.kubeconfigs import Connection
@@ -38,6 +39,7 @@ from kube.objects import (
     VALIDATINGADMISSIONPOLICIES,
     VALIDATINGADMISSIONPOLICYBINDINGS,
     RawObject,
+    Resource,
 )
 from kube.ports import free_port
 from kube.watching import Listed, watch_objects
@@ -1011,3 +1013,71 @@ async def test_with_warnings_only_a_twins_normal_events_stay_on_the_provider(
     ), uid)  # fmt: skip
     assert [(e["type"], e["reason"]) for e in copied] == [("Warning", "BackOff")]
     assert copied[0]["source"]["component"] == "gpuferry/provider kubelet"
+
+
+PODDISRUPTIONBUDGETS = Resource(
+    "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True
+)
+
+
+async def test_kubectl_drain_of_the_virtual_node_keeps_budgets_and_the_cordon_holds(
+    vk: VirtualKubelet,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    provider_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """A provider's maintenance, done from the consumer as for any node: ``kubectl drain`` of
+    the virtual node evicts its pods within their PodDisruptionBudget, each twin going with its
+    pod; the cordon holds through the virtual kubelet's own writes of its Node (heartbeat,
+    status, taints); ``uncordon`` lets the pods back, each with a new twin."""
+    ns = await make_namespace(consumer_client)
+    labels = {"app": "trainer"}
+    deploy: RawObject = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels}, "spec": gpu_spec(1)}},
+    }  # fmt: skip
+
+    def ready(count: int) -> Callable[[RawObject], bool]:
+        return lambda d: (d.get("status") or {}).get("readyReplicas") == count
+
+    await consumer_client.create(DEPLOYMENTS, deploy, ns)
+    await wait_for(consumer_client, DEPLOYMENTS, "trainer", ready(3), namespace=ns, timeout=60)
+    budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "trainer"},
+              "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}}}  # fmt: skip
+    await consumer_client.create(PODDISRUPTIONBUDGETS, budget, ns)
+    await wait_for(consumer_client, PODDISRUPTIONBUDGETS, "trainer",
+                   lambda b: (b.get("status") or {}).get("disruptionsAllowed") == 1,
+                   namespace=ns, timeout=30)  # fmt: skip
+
+    def drain(timeout: str) -> str:  # in a thread: the virtual kubelet runs on this event loop
+        return consumer.kubectl("drain", vk.node, "--ignore-daemonsets", f"--timeout={timeout}")
+
+    # the budget allows one pod down, and its replacement has nowhere to go: the drain evicts
+    # one and then waits, as on any node
+    with pytest.raises(KubectlFailed, match="disruption budget"):
+        await asyncio.to_thread(drain, "15s")
+    listed = (await consumer_client.list(PODS, ns))["items"]
+    bound = [p for p in listed if p["spec"].get("nodeName") == vk.node]
+    where = [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in listed]
+    assert len(listed) == 3 and len(bound) == 2, where
+    twins = (await provider_client.list(PODS, vk.twin_ns(ns)))["items"]
+    assert sorted(t["metadata"]["name"] for t in twins) == sorted(p["metadata"]["name"] for p in bound)
+
+    # the cordon holds through the virtual kubelet's heartbeats and status writes
+    await asyncio.sleep(vk.settings.status_seconds + vk.settings.heartbeat_seconds)
+    node = await consumer_client.get(NODES, vk.node)
+    assert node["spec"].get("unschedulable") is True, node["spec"]
+    assert "node.kubernetes.io/unschedulable" in {t["key"] for t in node["spec"].get("taints") or []}
+
+    await consumer_client.delete(PODDISRUPTIONBUDGETS, "trainer", ns)
+    await asyncio.to_thread(drain, "60s")
+    await wait_for_empty(provider_client, PODS, vk.twin_ns(ns))
+    listed = (await consumer_client.list(PODS, ns))["items"]
+    assert len(listed) == 3 and not [p for p in listed if p["spec"].get("nodeName")], listed
+
+    await asyncio.to_thread(consumer.kubectl, "uncordon", vk.node)
+    await wait_for(consumer_client, DEPLOYMENTS, "trainer", ready(3), namespace=ns, timeout=60)
+    twins = (await provider_client.list(PODS, vk.twin_ns(ns)))["items"]
+    assert len(twins) == 3 and all(t["status"].get("phase") == "Running" for t in twins)
