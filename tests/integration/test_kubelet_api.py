@@ -711,6 +711,8 @@ async def test_kubelet_api_authenticates_and_authorises_like_a_kubelet(
         assert summary["node"]["nodeName"] == vk.node
         assert [p["podRef"]["name"] for p in summary["pods"]] == [offloaded.name]
         assert "gpuferry_api_requests_total{" in own and "process_resident_memory_bytes" in own, own
+        assert f'kubelet_node_name{{node="{vk.node}"}} 1' in own.splitlines(), own
+        assert "kubelet_running_pods 1" in own.splitlines(), own  # the offloaded pod, Running
         pod = await consumer_client.get(PODS, offloaded.name, ns)
         images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
         started = {

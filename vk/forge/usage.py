@@ -177,12 +177,14 @@ def _started(pod: RawObject) -> dict[str, float]:
     return found
 
 
-def _label(value: str) -> str:
+def label_value(value: str) -> str:
+    """``value`` escaped for a label in Prometheus' text format. Pure."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _series(name: str, labels: Mapping[str, str], value: float, timestamp: float | None = None) -> str:
-    inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+def series_line(name: str, labels: Mapping[str, str], value: float, timestamp: float | None = None) -> str:
+    """One sample in Prometheus' text format (``timestamp`` in Unix seconds, written in ms). Pure."""
+    inner = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
     at = f" {int(timestamp * 1000)}" if timestamp is not None else ""
     return f"{name}{{{inner}}} {value:.15g}{at}" if inner else f"{name} {value:.15g}{at}"
 
@@ -221,12 +223,12 @@ def resource_metrics(
         meta = pod["metadata"]
         for name, started in sorted(_started(pod).items()):
             labels = {"container": name, "namespace": str(meta.get("namespace")), "pod": meta["name"]}
-            lines.append(_series("container_start_time_seconds", labels, round(started)))
+            lines.append(series_line("container_start_time_seconds", labels, round(started)))
     for name, kind, help_, value in CONTAINER_USAGE if measured else ():
         lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
         for m in measured:
             labels = {"container": m.container, "namespace": m.namespace, "pod": m.pod}
-            lines.append(_series(name, labels, value(m), m.timestamp))
+            lines.append(series_line(name, labels, value(m), m.timestamp))
     by_pod: dict[tuple[str, str], list[Measured]] = {}
     for m in measured:
         by_pod.setdefault((m.namespace, m.pod), []).append(m)
@@ -234,16 +236,16 @@ def resource_metrics(
     for name, kind, help_, value in POD_USAGE if totals else ():
         lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
         for p in totals:
-            lines.append(_series(name, {"namespace": p.namespace, "pod": p.pod}, value(p), p.timestamp))
+            lines.append(series_line(name, {"namespace": p.namespace, "pod": p.pod}, value(p), p.timestamp))
     if node is not None:
         lines += [
             "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in "
             "core-seconds",
             "# TYPE node_cpu_usage_seconds_total counter",
-            _series("node_cpu_usage_seconds_total", {}, node.cpu_seconds, node.timestamp),
+            series_line("node_cpu_usage_seconds_total", {}, node.cpu_seconds, node.timestamp),
             "# HELP node_memory_working_set_bytes [STABLE] Current working set of the node in bytes",
             "# TYPE node_memory_working_set_bytes gauge",
-            _series("node_memory_working_set_bytes", {}, node.memory_bytes, node.timestamp),
+            series_line("node_memory_working_set_bytes", {}, node.memory_bytes, node.timestamp),
         ]
     lines += [
         "# HELP resource_scrape_error [STABLE] 1 if there was an error while getting container metrics, "
@@ -309,14 +311,15 @@ def cadvisor_metrics(pods: Iterable[RawObject], measured: Iterable[Measured], sc
         for m in measured:
             labels = cadvisor_identity(by_key[(m.namespace, m.pod)], m.container)
             labels = dict(sorted({**labels, **extra}.items()))
-            lines.append(_series(name, labels, value(m), m.timestamp))
+            lines.append(series_line(name, labels, value(m), m.timestamp))
     lines += [
         "# HELP container_start_time_seconds Start time of the container since unix epoch in seconds.",
         "# TYPE container_start_time_seconds gauge",
     ]
     for pod in pods:
         for container, started in sorted(_started(pod).items()):
-            lines.append(_series("container_start_time_seconds", cadvisor_identity(pod, container), started))
+            labels = cadvisor_identity(pod, container)
+            lines.append(series_line("container_start_time_seconds", labels, started))
     lines += [
         "# HELP container_scrape_error 1 if there was an error while getting container metrics, 0 otherwise",
         "# TYPE container_scrape_error gauge",

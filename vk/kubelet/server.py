@@ -13,7 +13,8 @@ consumer pod bound to this node and its twin on the provider:
 - ``/stats/summary``, ``/metrics/resource``, ``/metrics/cadvisor``: node and pod identity and
   start times, and CPU and memory where the provider's metrics API measured a twin
   (:mod:`vk.forge.usage`; absent, never made up, where it did not);
-- ``/metrics``: the virtual kubelet's own metrics, as a kubelet serves its own there;
+- ``/metrics``: the virtual kubelet's own metrics, as a kubelet serves its own there, with
+  ``kubelet_node_name``, ``kubelet_running_pods`` and ``kubelet_running_containers``;
   ``/metrics/probes``: no series, for the twins' probes run on the provider's kubelet (a
   Prometheus that scrapes every kubelet's three paths finds each one up);
 - ``/healthz``: ok.
@@ -38,6 +39,7 @@ from kube.metrics import render
 from kube.objects import ObjectKey, RawObject, Resource
 from kube.times import rfc3339
 
+from ..forge.kubeletmetrics import kubelet_metrics
 from ..forge.usage import (
     ContainerUsage,
     CpuCounters,
@@ -378,7 +380,11 @@ async def metrics_cadvisor(request: web.Request) -> web.Response:
 
 
 async def own_metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[CONTEXT].own_metrics(), content_type="text/plain", charset="utf-8")
+    """The virtual kubelet's own metrics, and the kubelet's few that dashboards count kubelets and
+    their pods by (:mod:`vk.forge.kubeletmetrics`)."""
+    ctx = request.app[CONTEXT]
+    body = ctx.own_metrics() + kubelet_metrics(ctx.node_name, _local_pods(ctx)).encode()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
 PROBE_METRICS = (
