@@ -813,15 +813,20 @@ def test_a_grant_across_sharing_schemes_copies_only_what_they_share() -> None:
     assert labels["nvidia.com/cuda.driver-version.major"] == "580"
 
 
+def offline_controller(**settings: Any) -> NodeController:
+    """A node controller whose clients reach nothing: its pure parts, and what it does with a
+    probe's answer."""
+    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
+    return NodeController(consumer=nowhere, provider=nowhere, settings=VirtualKubeletSettings(
+        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
+        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"}, **settings,
+    ))  # fmt: skip
+
+
 def test_the_nodes_gpu_labels_follow_the_provider_nodes_between_updates() -> None:
     """The controller keeps the GPU labels it read until a provider node changes (issue 15: a
     burst of pods marks the Node dirty every second); each kind of node change reaches them."""
-    settings = VirtualKubeletSettings(
-        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
-        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
-    )  # fmt: skip
-    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
-    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    controller = offline_controller()
     view = controller.view
 
     def labels() -> dict[str, str]:
@@ -842,13 +847,7 @@ def test_the_nodes_gpu_labels_follow_the_provider_nodes_between_updates() -> Non
 
 
 def test_a_new_grant_is_advertised_without_a_restart_and_a_bad_one_is_refused() -> None:
-    settings = VirtualKubeletSettings(
-        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
-        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
-        node_labels={"team": "a"},
-    )  # fmt: skip
-    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
-    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    controller = offline_controller(node_labels={"team": "a"})
     woken: list[int] = []
     controller.on_capacity_change(lambda: woken.append(1))
     feed(controller.view, [node("h100-0", labels=H100), node("h100-1", labels=H100)], [])
@@ -876,12 +875,7 @@ def test_the_provider_back_after_an_outage_wakes_its_listeners_once() -> None:
     """Found unreachable (PROBE_FAILURES probes in a row), then answering again: the queues'
     listener is called once then, not at the first probe of a process (nothing failed before)
     nor at a probe that fails once between good ones."""
-    settings = VirtualKubeletSettings(
-        consumer_kubeconfig=None, provider_kubeconfig=None, consumer_cluster_id="consumer-1",
-        provider_cluster_id=PROVIDER_ID, resources={"nvidia.com/gpu": "4", "pods": "110"},
-    )  # fmt: skip
-    nowhere = KubeClient(Connection(server="https://127.0.0.1:1"))
-    controller = NodeController(consumer=nowhere, provider=nowhere, settings=settings)
+    controller = offline_controller()
     back: list[int] = []
     controller.on_provider_back(lambda: back.append(1))
     controller._record_probe(None)  # the first probe: reachable, nothing to retry
