@@ -278,11 +278,12 @@ def cadvisor_identity(pod: RawObject, container: str) -> dict[str, str]:
     UID, QoS class and container ID (``id``), its image as its status gives it (else its spec),
     its runtime ID (``name``; empty for a container that has none, as kwok's), the pod's
     namespace and name. Sorted by label name, as cAdvisor writes them. Pure."""
-    meta, status = pod["metadata"], pod.get("status") or {}
-    statuses = {cs.get("name"): cs for cs in status.get("containerStatuses") or ()}
-    found = statuses.get(container) or {}
+    meta, status, spec = pod["metadata"], pod.get("status") or {}, pod.get("spec") or {}
+    kinds = ("containers", "initContainers", "ephemeralContainers")
+    found: RawObject = next((cs for kind in kinds for cs in status.get(f"{kind[:-1]}Statuses") or ()
+                             if cs.get("name") == container), {})  # fmt: skip
     runtime_id = str(found.get("containerID") or "").partition("://")[2]
-    spec_image = next((c.get("image") for c in (pod.get("spec") or {}).get("containers") or ()
+    spec_image = next((c.get("image") for kind in kinds for c in spec.get(kind) or ()
                        if c.get("name") == container), None)  # fmt: skip
     cgroup = f"{QOS_CGROUPS.get(str(status.get('qosClass')), '/kubepods/burstable')}/pod{meta.get('uid')}"
     return {

@@ -254,3 +254,23 @@ def test_a_pods_resource_metrics_are_its_containers_added_up() -> None:
     assert t1 is not None and t2 is not None and (c2 - c1) / ((t2 - t1) / 1000) == pytest.approx(1.25)
     assert scrapes[1]['pod_memory_working_set_bytes{namespace="ml",pod="trainer"}'] == (3 * 2**30, t2)
     assert not [k for k in scrapes[1] if k.startswith("pod_") and 'pod="other"' in k]
+
+
+def test_an_ephemeral_containers_cadvisor_labels_come_from_its_own_status() -> None:
+    """A debugger the provider measured (``kubectl debug``) is labelled with its own image and
+    runtime ID, not left without an image (which dashboards filter out)."""
+    pod = running_pod("trainer", "u1", "Burstable", "containerd://abc123")
+    pod["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "busybox"}]
+    pod["status"]["ephemeralContainerStatuses"] = [
+        {"name": "debugger", "image": "docker.io/library/busybox:latest", "containerID": "containerd://dbg1"}
+    ]
+    assert cadvisor_identity(pod, "debugger") == {
+        "container": "debugger",
+        "id": "/kubepods/burstable/podu1/dbg1",
+        "image": "docker.io/library/busybox:latest",
+        "name": "dbg1",
+        "namespace": "ml",
+        "pod": "trainer",
+    }
+    del pod["status"]["ephemeralContainerStatuses"]
+    assert cadvisor_identity(pod, "debugger")["image"] == "busybox"
