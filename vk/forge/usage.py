@@ -14,6 +14,7 @@ did not.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -167,13 +168,18 @@ def measure(
     return measured, node
 
 
+_start_seconds = functools.lru_cache(maxsize=4096)(unix_seconds)
+"""Start times parsed once: a scrape reads every container's, and a node's pods started within a
+few thousand seconds (at the API's one-second resolution) share them."""
+
+
 def _started(pod: RawObject) -> dict[str, float]:
     """Unix start time of each running container of ``pod``. Pure."""
     found = {}
     for cs in (pod.get("status") or {}).get("containerStatuses") or ():
         started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
         if started:
-            found[cs["name"]] = unix_seconds(str(started))
+            found[cs["name"]] = _start_seconds(str(started))
     return found
 
 
