@@ -1,0 +1,21 @@
+"""The kubelet-scrape bench times our text and prometheus_client's only where they agree."""
+
+from __future__ import annotations
+
+from bench.kubelet_scrape import library_cadvisor, pod, pod_metrics, run, samples
+from vk.forge.usage import CpuCounters, cadvisor_metrics, container_usage, measure
+
+
+def test_the_bench_times_both_ways_of_each_path_and_they_agree() -> None:
+    lines = run(32, 1)
+    assert [line.split(":")[0] for line in lines] == ["N=32 /metrics/resource", "N=32 /metrics/cadvisor"]
+    assert all("prometheus_client" in line and "% of a core" in line for line in lines), lines
+
+
+def test_a_sample_the_two_texts_differ_on_is_seen() -> None:
+    pods = [pod(i) for i in range(3)]
+    usage = {p["metadata"]["uid"]: container_usage(pod_metrics(i)) for i, p in enumerate(pods)}
+    measured, _ = measure(pods, usage, CpuCounters())
+    ours = samples(cadvisor_metrics(pods, measured, scrape_error=False))
+    assert ours == samples(library_cadvisor(pods, measured).decode())
+    assert ours != samples(cadvisor_metrics(pods, measured[1:], scrape_error=False))
