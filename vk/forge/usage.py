@@ -259,11 +259,12 @@ def resource_metrics(
     by_pod: dict[tuple[str, str], list[Measured]] = {}
     for m in measured:
         by_pod.setdefault((m.namespace, m.pod), []).append(m)
-    totals = [total for ms in by_pod.values() if (total := pod_total(ms)) is not None]
+    totals = [(total, label_block({"namespace": total.namespace, "pod": total.pod}))
+              for ms in by_pod.values() if (total := pod_total(ms)) is not None]  # fmt: skip
     for name, kind, help_, value in POD_USAGE if totals else ():
         lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
-        for p in totals:
-            lines.append(series_line(name, {"namespace": p.namespace, "pod": p.pod}, value(p), p.timestamp))
+        for p, labels in totals:
+            lines.append(sample_line(name, labels, value(p), p.timestamp))
     if node is not None:
         lines += [
             "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in "
