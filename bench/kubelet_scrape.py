@@ -1,15 +1,19 @@
 """What a scrape of the virtual node's kubelet API costs the virtual kubelet: ``/metrics/resource``
 (metrics-server, every 15 s by default) and ``/metrics/cadvisor`` (Prometheus' kubelet job,
 every 30 s in kube-prometheus-stack), each the usage the provider measured told of N pods
-(:mod:`vk.forge.usage`: ``measure()`` and the text), against the same samples written by
-``prometheus_client`` (a collector of metric families and ``generate_latest``, the usual way).
+(:mod:`vk.forge.usage`), against the same samples written by ``prometheus_client`` (a collector
+of metric families and ``generate_latest``, the usual way).
 
-Synthetic and in-process: N running pods of one measured container each, as a burst's are. The
-provider's PodMetrics list (read and decoded on each scrape) is not in it. Both texts are parsed
-back and compared first; a scrape is timed only where they give the same samples. Prints, per N,
-the CPU of one scrape each way (the best of ``--repeat``), their ratio, and what a scrape at
-those intervals costs of a core (issue 15: steady state at most 2 % of a core at 10,000 pods;
-``bench.offload``'s virtual kubelet serves no kubelet API, so its steady state has no scrape).
+Synthetic and in-process: N running pods of one measured container each, as a burst's are. A
+scrape is what the kubelet API does once the provider's PodMetrics list is in: decode its bytes
+(as metrics-server gives them: CPU in nanocores, memory in KiB) with orjson as our client does,
+read each twin's usage (``twin_usage``), advance the counters (``measure``), write the text. Both
+ways share all but the text. Not in it: the HTTPS read of the list and the write of the answer.
+Both texts are parsed back and compared first; a scrape is timed only where they give the same
+samples. Prints, per N, the CPU of one scrape each way (the best of ``--repeat``), their ratio,
+and what a scrape at those intervals costs of a core (issue 15: steady state at most 2 % of a
+core at 10,000 pods; ``bench.offload``'s virtual kubelet serves no kubelet API, so its steady
+state has no scrape).
 
     .venv/bin/python -m bench.kubelet_scrape --pods 1000 --pods 10000
 """
@@ -17,24 +21,27 @@ those intervals costs of a core (issue 15: steady state at most 2 % of a core at
 from __future__ import annotations
 
 import argparse
+import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import orjson
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from kube.objects import RawObject
 from kube.times import unix_seconds
 from vk.forge.usage import (
     CpuCounters,
     Measured,
     cadvisor_identity,
     cadvisor_metrics,
-    container_usage,
     measure,
     resource_metrics,
+    twin_usage,
 )
 
 IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
@@ -53,13 +60,38 @@ def pod(i: int) -> dict[str, Any]:
     }
 
 
+TWINS = "ml-team-ml-eu1"
+"""The twin namespace, on the provider."""
+
+
 def pod_metrics(i: int) -> dict[str, Any]:
-    usage = {"cpu": f"{100 + i % 900}m", "memory": f"{1 + i % 64}Gi"}
+    """Pod ``i``'s twin's PodMetrics as the provider's metrics-server lists it."""
+    usage = {"cpu": f"{100_000_000 + i * 90_001}n", "memory": f"{1_048_576 + i * 64}Ki"}
     return {
+        "metadata": {
+            "name": f"p-{i:05d}",
+            "namespace": TWINS,
+            "creationTimestamp": "2026-11-28T10:15:02Z",
+            "labels": {"job-name": "train", "gpuferry.io/origin": "ml-team"},
+        },
         "timestamp": "2026-11-28T10:15:00Z",
-        "window": "15s",
+        "window": "15.027s",
         "containers": [{"name": "main", "usage": usage}],
     }
+
+
+def listed(n: int) -> bytes:
+    """The provider's PodMetrics list of the twin namespace, as it comes over the wire."""
+    return orjson.dumps({"kind": "PodMetricsList", "apiVersion": "metrics.k8s.io/v1beta1",
+                         "metadata": {}, "items": [pod_metrics(i) for i in range(n)]})  # fmt: skip
+
+
+def read(body: bytes, twins: Mapping[str, Mapping[str, str]], pods: list[RawObject],
+         counters: CpuCounters) -> tuple[list[Measured], Measured | None]:  # fmt: skip
+    """What a scrape does once the list is in, up to the text: decode, read, advance."""
+    usage, failures = twin_usage(twins, {TWINS: orjson.loads(body)})
+    assert not failures, failures[:3]
+    return measure(pods, usage, counters)
 
 
 class _Families(Collector):
@@ -178,15 +210,24 @@ def library_cadvisor(pods: list[dict[str, Any]], measured: list[Measured]) -> by
     return generate_latest(registry)
 
 
-def samples(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float, float | None]]:
-    """Every sample of a text exposition: name, labels, value (to 12 digits: ours writes 15,
-    the library all), timestamp."""
-    found = set()
+Samples = dict[tuple[str, tuple[tuple[str, str], ...], float | None], float]
+
+
+def samples(text: str) -> Samples:
+    """Every sample of a text exposition: (name, labels, timestamp) -> value."""
+    found = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             at = None if s.timestamp is None else round(float(s.timestamp), 3)
-            found.add((s.name, tuple(sorted(s.labels.items())), float(f"{s.value:.12g}"), at))
+            found[(s.name, tuple(sorted(s.labels.items())), at)] = float(s.value)
     return found
+
+
+def agree(ours: Samples, theirs: Samples) -> bool:
+    """The same series with the same values, to 14 digits (ours writes 15, the library all)."""
+    return ours.keys() == theirs.keys() and all(
+        math.isclose(v, theirs[k], rel_tol=1e-14, abs_tol=1e-300) for k, v in ours.items()
+    )
 
 
 def cpu_best(repeat: int, run: Callable[[], object]) -> float:
@@ -202,17 +243,18 @@ def cpu_best(repeat: int, run: Callable[[], object]) -> float:
 def run(n: int, repeat: int) -> list[str]:
     """One line per path: ours and the library's CPU per scrape, their ratio, the share of a core."""
     pods = [pod(i) for i in range(n)]
-    usage = {p["metadata"]["uid"]: container_usage(pod_metrics(i)) for i, p in enumerate(pods)}
+    body = listed(n)
+    twins = {TWINS: {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}}
     counters = CpuCounters()
-    measured, node = measure(pods, usage, counters)
+    measured, node = read(body, twins, pods, counters)
     ways: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "resource": (
-            lambda: resource_metrics(pods, *measure(pods, usage, counters), scrape_error=False),
-            lambda: library_resource(pods, *measure(pods, usage, counters)),
+            lambda: resource_metrics(pods, *read(body, twins, pods, counters), scrape_error=False),
+            lambda: library_resource(pods, *read(body, twins, pods, counters)),
         ),
         "cadvisor": (
-            lambda: cadvisor_metrics(pods, measure(pods, usage, counters)[0], scrape_error=False),
-            lambda: library_cadvisor(pods, measure(pods, usage, counters)[0]),
+            lambda: cadvisor_metrics(pods, read(body, twins, pods, counters)[0], scrape_error=False),
+            lambda: library_cadvisor(pods, read(body, twins, pods, counters)[0]),
         ),
     }
     texts = {
@@ -227,7 +269,7 @@ def run(n: int, repeat: int) -> list[str]:
     }
     lines = []
     for path, (ours_text, theirs_text) in texts.items():
-        if samples(ours_text) != samples(theirs_text):
+        if not agree(samples(ours_text), samples(theirs_text)):
             lines.append(f"N={n} /metrics/{path}: the two texts give different samples: not timed")
             continue
         ours, theirs = (cpu_best(repeat, way) for way in ways[path])

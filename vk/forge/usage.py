@@ -78,6 +78,28 @@ def container_usage(pod_metrics: RawObject) -> dict[str, ContainerUsage]:
     return found
 
 
+def twin_usage(
+    twins: Mapping[str, Mapping[str, str]], listed: Mapping[str, RawObject]
+) -> tuple[dict[str, dict[str, ContainerUsage]], list[str]]:
+    """The usage of each consumer pod (by UID) whose twin the provider measured, from
+    ``listed``, the provider's PodMetrics list of each twin namespace that answered (``twins``:
+    twin namespace -> twin name -> consumer pod UID); and what could not be read, a line for
+    each PodMetrics (an odd one costs its pod only). Pure."""
+    usage: dict[str, dict[str, ContainerUsage]] = {}
+    failures = []
+    for ns, result in listed.items():
+        names = twins.get(ns) or {}
+        for item in result.get("items") or ():
+            name = str((item.get("metadata") or {}).get("name"))
+            if (uid := names.get(name)) is None:
+                continue
+            try:
+                usage[uid] = container_usage(item)
+            except (ValueError, TypeError, KeyError) as exc:
+                failures.append(f"{ns}/{name}: PodMetrics not readable: {exc!r}")
+    return usage, failures
+
+
 class CpuCounters:
     """Cumulative CPU seconds by key (a consumer pod's UID and a container name, or the node),
     advanced by each sample the provider takes. In memory only: after a restart a counter starts

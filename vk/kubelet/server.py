@@ -41,15 +41,14 @@ from kube.times import rfc3339
 
 from ..forge.kubeletmetrics import kubelet_metrics
 from ..forge.usage import (
-    ContainerUsage,
     CpuCounters,
     Measured,
     cadvisor_metrics,
-    container_usage,
     measure,
     pod_total,
     resource_metrics,
     summary_usage,
+    twin_usage,
 )
 from .auth import Authenticator, auth_middleware
 from .certificates import CertificateError, ServingCertificate
@@ -286,22 +285,17 @@ class Usage:
                 return await ctx.provider.list(PODMETRICS, namespace)
 
         listed = await asyncio.gather(*(metrics_of(ns) for ns in twins), return_exceptions=True)
-        usage: dict[str, dict[str, ContainerUsage]] = {}
+        answered: dict[str, RawObject] = {}
         failures = []
         for ns, result in zip(twins, listed, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
                 failures.append(f"{ns}: {result or type(result).__name__}")
-                continue
-            for item in result.get("items") or ():
-                name = str((item.get("metadata") or {}).get("name"))
-                if (uid := twins[ns].get(name)) is None:
-                    continue
-                try:
-                    usage[uid] = container_usage(item)
-                except (ValueError, TypeError, KeyError) as exc:  # one odd item costs its pod only
-                    failures.append(f"{ns}/{name}: PodMetrics not readable: {exc!r}")
+            else:
+                answered[ns] = result
+        usage, unreadable = twin_usage(twins, answered)
+        failures += unreadable
         failed = "; ".join(failures) or None
         if failed != self.failed:
             if failed:
