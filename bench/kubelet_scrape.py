@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from kube.memory import tune_gc
 from kube.objects import RawObject
 from kube.times import unix_seconds
 from vk.forge.usage import (
@@ -289,6 +290,7 @@ def main() -> None:
     parser.add_argument("--pods", type=int, action="append", help="N (repeatable; default 1000 and 10000)")
     parser.add_argument("--repeat", type=int, default=7, help="scrapes timed each way, the best printed (7)")
     args = parser.parse_args()
+    tune_gc()  # the collector's settings of the virtual kubelet, whose scrapes these are
     for n in args.pods or [1000, 10000]:
         if n < 1:
             parser.error(f"--pods must be at least 1, not {n}")
