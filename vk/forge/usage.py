@@ -15,9 +15,9 @@ did not.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from kube.objects import RawObject
 from kube.quantities import parse_quantity
@@ -29,9 +29,9 @@ on a kubelet, where starting a process costs CPU); a twin measured idle in its f
 would be dropped with it."""
 
 
-@dataclass(frozen=True)
-class ContainerUsage:
-    """One container's usage as the provider's metrics API gave it."""
+class ContainerUsage(NamedTuple):
+    """One container's usage as the provider's metrics API gave it. A tuple: a scrape of 10,000
+    pods makes 10,000 of them."""
 
     cpu_cores: float
     memory_bytes: int
@@ -41,8 +41,10 @@ class ContainerUsage:
     """Seconds the CPU rate is averaged over."""
 
 
+@functools.lru_cache(maxsize=256)
 def _seconds(duration: str | None) -> float:
-    """Seconds of a Go duration as metrics-server writes a window (``15.027s``, ``1m0s``). Pure."""
+    """Seconds of a Go duration as metrics-server writes a window (``15.027s``, ``1m0s``): the
+    same few on every PodMetrics, parsed once. Pure."""
     if not duration:
         return 0.0
     total, number = 0.0, ""
@@ -60,9 +62,34 @@ def _seconds(duration: str | None) -> float:
     return total
 
 
+_PLAIN_QUANTITY = re.compile(r"([0-9]{1,15})([numkMG]|[KMG]i|)")
+"""What metrics-server writes (``123456789n``, ``1048576Ki``): an integer and a suffix. Anything
+else goes through :func:`kube.quantities.parse_quantity`."""
+_PER_CORE = {"n": 1e9, "u": 1e6, "m": 1e3, "": 1.0}
+"""Divisors that make cores of a plain CPU quantity: a division by an exact power of ten is
+rounded once, to the float nearest the exact value, as ``float(parse_quantity(...))`` is."""
+_BYTES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def _cores(quantity: str) -> float:
+    """CPU cores of a quantity. Pure."""
+    plain = _PLAIN_QUANTITY.fullmatch(quantity)
+    if plain is not None and (per := _PER_CORE.get(plain[2])) is not None:
+        return int(plain[1]) / per
+    return float(parse_quantity(quantity))
+
+
+def _bytes(quantity: str) -> int:
+    """Bytes of a memory quantity. Pure."""
+    plain = _PLAIN_QUANTITY.fullmatch(quantity)
+    if plain is not None and (times := _BYTES.get(plain[2])) is not None:
+        return int(plain[1]) * times
+    return int(parse_quantity(quantity))
+
+
 def container_usage(pod_metrics: RawObject) -> dict[str, ContainerUsage]:
     """A PodMetrics object's containers, by name. Pure."""
-    timestamp = unix_seconds(str(pod_metrics.get("timestamp")))
+    timestamp = _unix(str(pod_metrics.get("timestamp")))
     window = _seconds(pod_metrics.get("window"))
     found = {}
     for container in pod_metrics.get("containers") or ():
@@ -70,10 +97,7 @@ def container_usage(pod_metrics: RawObject) -> dict[str, ContainerUsage]:
         if "cpu" not in usage or "memory" not in usage:
             continue
         found[container["name"]] = ContainerUsage(
-            cpu_cores=float(parse_quantity(usage["cpu"])),
-            memory_bytes=int(parse_quantity(usage["memory"])),
-            timestamp=timestamp,
-            window=window,
+            _cores(usage["cpu"]), _bytes(usage["memory"]), timestamp, window
         )
     return found
 
@@ -126,6 +150,9 @@ class CpuCounters:
         self._at[key] = (timestamp, total)
         return total
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._at
+
     def keep(self, uids: Iterable[str]) -> None:
         """Forget the counters of every pod but those of ``uids`` (the pods still here; one the
         provider did not measure this time keeps its counter, which a new start would lower)."""
@@ -134,9 +161,9 @@ class CpuCounters:
             del self._at[key]
 
 
-@dataclass(frozen=True)
-class Measured:
-    """A consumer container's usage, its counter advanced."""
+class Measured(NamedTuple):
+    """A consumer container's usage, its counter advanced (a tuple: a scrape makes one per
+    container)."""
 
     namespace: str
     pod: str
@@ -164,20 +191,19 @@ def measure(
         meta = pod["metadata"]
         uid = str(meta.get("uid"))
         kept.append(uid)
-        containers = usage.get(uid) or {}
-        started = _started(pod)
-        for name, u in sorted(containers.items()):
-            seconds = counters.advance((uid, name), u.cpu_cores, u.timestamp, u.window, started.get(name))
+        containers = usage.get(uid)
+        if not containers:
+            continue
+        namespace, name = str(meta.get("namespace")), meta["name"]
+        started: dict[str, float] | None = None  # read for a container's first sample only
+        for container, u in sorted(containers.items()) if len(containers) > 1 else containers.items():
+            key = (uid, container)
+            if started is None and key not in counters:
+                started = _started(pod)
+            since = started.get(container) if started is not None else None
+            seconds = counters.advance(key, u.cpu_cores, u.timestamp, u.window, since)
             measured.append(
-                Measured(
-                    str(meta.get("namespace")),
-                    meta["name"],
-                    name,
-                    seconds,
-                    u.cpu_cores,
-                    u.memory_bytes,
-                    u.timestamp,
-                )
+                Measured(namespace, name, container, seconds, u.cpu_cores, u.memory_bytes, u.timestamp)
             )
     counters.keep(kept)
     if not measured:
@@ -190,9 +216,10 @@ def measure(
     return measured, node
 
 
-_start_seconds = functools.lru_cache(maxsize=4096)(unix_seconds)
-"""Start times parsed once: a scrape reads every container's, and a node's pods started within a
-few thousand seconds (at the API's one-second resolution) share them."""
+_unix = functools.lru_cache(maxsize=4096)(unix_seconds)
+"""Times parsed once: a scrape reads every container's start and every PodMetrics' timestamp, and
+a node's pods started within a few thousand seconds (at the API's one-second resolution) and
+were measured at the same few instants."""
 
 
 def _started(pod: RawObject) -> dict[str, float]:
@@ -201,7 +228,7 @@ def _started(pod: RawObject) -> dict[str, float]:
     for cs in (pod.get("status") or {}).get("containerStatuses") or ():
         started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
         if started:
-            found[cs["name"]] = _start_seconds(str(started))
+            found[cs["name"]] = _unix(str(started))
     return found
 
 
@@ -230,63 +257,153 @@ def series_line(name: str, labels: Mapping[str, str], value: float, timestamp: f
     return sample_line(name, label_block(labels), value, timestamp)
 
 
-CONTAINER_USAGE: list[tuple[str, str, str, Callable[[Measured], float]]] = [
+CONTAINER_USAGE: list[tuple[str, str, str, int]] = [
     ("container_cpu_usage_seconds_total", "counter",
-     "Cumulative cpu time consumed by the container in core-seconds", lambda m: m.cpu_seconds),
-    ("container_memory_working_set_bytes", "gauge",
-     "Current working set of the container in bytes", lambda m: m.memory_bytes),
+     "Cumulative cpu time consumed by the container in core-seconds", 0),
+    ("container_memory_working_set_bytes", "gauge", "Current working set of the container in bytes", 1),
 ]  # fmt: skip
-"""A container's usage series as the kubelet names and describes them."""
+"""A container's usage series as the kubelet names and describes them, and which of its
+:func:`usage_values` each gives."""
 
-POD_USAGE: list[tuple[str, str, str, Callable[[Measured], float]]] = [
-    ("pod_cpu_usage_seconds_total", "counter",
-     "Cumulative cpu time consumed by the pod in core-seconds", lambda m: m.cpu_seconds),
-    ("pod_memory_working_set_bytes", "gauge",
-     "Current working set of the pod in bytes", lambda m: m.memory_bytes),
+POD_USAGE: list[tuple[str, str, str, int]] = [
+    ("pod_cpu_usage_seconds_total", "counter", "Cumulative cpu time consumed by the pod in core-seconds", 0),
+    ("pod_memory_working_set_bytes", "gauge", "Current working set of the pod in bytes", 1),
 ]  # fmt: skip
 """A pod's usage series as the kubelet names and describes them: here its containers' added up
 (:func:`pod_total`, as the Summary API's pod figures), the provider measuring containers."""
 
 
+def usage_values(m: Measured) -> tuple[str, str]:
+    """The CPU counter and the working set of ``m``, written as samples' values. Pure."""
+    return f"{m.cpu_seconds:.15g}", f"{m.memory_bytes:.15g}"
+
+
+T = TypeVar("T")
+
+
+class PodTexts(Generic[T]):
+    """What a text writes of each pod that changes only when the pod does (its label blocks and
+    start times), made by ``make`` once per version of the pod (its UID and resourceVersion)
+    and kept for the next scrape; those of pods a scrape no longer lists are dropped. A scrape
+    of 10,000 pods, none of which changed, makes none. A pod without a UID or resourceVersion
+    gets its texts made each time."""
+
+    def __init__(self, make: Callable[[RawObject], T]) -> None:
+        self._make = make
+        self._held: dict[str, tuple[str, T]] = {}
+
+    def __len__(self) -> int:
+        """How many pods' texts are kept."""
+        return len(self._held)
+
+    def scrape(self, pods: Iterable[RawObject]) -> dict[tuple[str, str], tuple[RawObject, T]]:
+        """Each of ``pods`` and its texts, by namespace and name."""
+        held, kept = self._held, {}
+        found = {}
+        for pod in pods:
+            meta = pod["metadata"]
+            uid, version = meta.get("uid"), meta.get("resourceVersion")
+            texts = held.get(uid) if uid and version else None
+            if texts is None or texts[0] != version:
+                texts = (version, self._make(pod))
+            if uid and version:
+                kept[uid] = texts
+            found[(str(meta.get("namespace")), meta["name"])] = (pod, texts[1])
+        self._held = kept
+        return found
+
+
+class _Stamps(dict[float, int]):
+    """Sample timestamps in ms, each worked out once: a scrape's samples share a few (the
+    provider measures a node's pods at once)."""
+
+    def __missing__(self, timestamp: float) -> int:
+        self[timestamp] = found = int(timestamp * 1000)
+        return found
+
+
+class ResourceTexts(NamedTuple):
+    """What ``/metrics/resource`` writes of a pod that changes only with the pod."""
+
+    starts: list[str]
+    """The start-time lines of its running containers, by container name."""
+    containers: dict[str, str]
+    """Each running container's label block."""
+    pod: str
+    """The pod's label block."""
+
+
+def _resource_block(container: str, namespace: str, pod: str) -> str:
+    """A container's labels in ``/metrics/resource``. Pure."""
+    return (f'container="{label_value(container)}",namespace="{label_value(namespace)}",'
+            f'pod="{label_value(pod)}"')  # fmt: skip
+
+
+def _pod_block(namespace: str, pod: str) -> str:
+    """A pod's labels in ``/metrics/resource``. Pure."""
+    return f'namespace="{label_value(namespace)}",pod="{label_value(pod)}"'
+
+
+def resource_texts(pod: RawObject) -> ResourceTexts:
+    """What ``/metrics/resource`` writes of ``pod`` but its usage. Pure."""
+    meta = pod["metadata"]
+    namespace, name = str(meta.get("namespace")), meta["name"]
+    containers, starts = {}, []
+    for container, started in sorted(_started(pod).items()):
+        block = containers[container] = _resource_block(container, namespace, name)
+        starts.append(f"container_start_time_seconds{{{block}}} {round(started)}")
+    return ResourceTexts(starts, containers, _pod_block(namespace, name))
+
+
 def resource_metrics(
-    pods: Iterable[RawObject], measured: Iterable[Measured], node: Measured | None, scrape_error: bool
+    pods: Iterable[RawObject],
+    measured: Iterable[Measured],
+    node: Measured | None,
+    scrape_error: bool,
+    texts: PodTexts[ResourceTexts] | None = None,
 ) -> str:
     """The kubelet's ``/metrics/resource`` text: start times of the running containers of
     ``pods``, then the usage ``measured``, each pod's (its containers' added up), the node's,
-    and whether reading the provider failed. Pure."""
+    and whether reading the provider failed. Pure but for ``texts``, the pods' texts kept from
+    the last scrape (none: all made anew).
+
+    Written for 10,000 pods every 15 s (50,000 lines): what changes only with a pod is made
+    once for it, each timestamp once, and each series is one comprehension."""
     measured = list(measured)
-    blocks: dict[tuple[str, str, str], str] = {}
-
-    def block(namespace: str, pod: str, container: str) -> str:
-        found = blocks.get((namespace, pod, container))
-        if found is None:
-            found = label_block({"container": container, "namespace": namespace, "pod": pod})
-            blocks[(namespace, pod, container)] = found
-        return found
-
+    by_key = (texts if texts is not None else PodTexts(resource_texts)).scrape(pods)
+    stamps = _Stamps()
     lines = [
         "# HELP container_start_time_seconds [STABLE] Start time of the container since unix epoch "
         "in seconds",
         "# TYPE container_start_time_seconds gauge",
     ]
-    for pod in pods:
-        meta = pod["metadata"]
-        for name, started in sorted(_started(pod).items()):
-            labels = block(str(meta.get("namespace")), meta["name"], name)
-            lines.append(sample_line("container_start_time_seconds", labels, round(started)))
-    for name, kind, help_, value in CONTAINER_USAGE if measured else ():
-        lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
-        for m in measured:
-            lines.append(sample_line(name, block(m.namespace, m.pod, m.container), value(m), m.timestamp))
-    by_pod: dict[tuple[str, str], list[Measured]] = {}
+    for _, pod_texts in by_key.values():
+        lines += pod_texts.starts
+    rows = []  # a container's label block, its values written, its timestamp
+    by_pod: dict[tuple[str, str], list[tuple[Measured, tuple[str, str]]]] = {}
     for m in measured:
-        by_pod.setdefault((m.namespace, m.pod), []).append(m)
-    totals = [(total, label_block({"namespace": total.namespace, "pod": total.pod}))
-              for ms in by_pod.values() if (total := pod_total(ms)) is not None]  # fmt: skip
-    for name, kind, help_, value in POD_USAGE if totals else ():
+        key = (m.namespace, m.pod)
+        found = by_key.get(key)
+        block = found[1].containers.get(m.container) if found is not None else None
+        values = usage_values(m)
+        rows.append((block or _resource_block(m.container, m.namespace, m.pod), values, stamps[m.timestamp]))
+        by_pod.setdefault(key, []).append((m, values))
+    for name, kind, help_, i in CONTAINER_USAGE if rows else ():
         lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
-        for p, labels in totals:
-            lines.append(sample_line(name, labels, value(p), p.timestamp))
+        lines += [f"{name}{{{block}}} {values[i]} {at}" for block, values, at in rows]
+    totals = []
+    for (namespace, name), ms in by_pod.items():
+        total: Measured | None = ms[0][0]
+        values = ms[0][1]  # one container: the pod's figures are its, already written
+        if len(ms) > 1 and (total := pod_total(m for m, _ in ms)) is not None:
+            values = usage_values(total)
+        assert total is not None
+        found = by_key.get((namespace, name))
+        block = found[1].pod if found is not None else _pod_block(namespace, name)
+        totals.append((block, values, stamps[total.timestamp]))
+    for name, kind, help_, i in POD_USAGE if totals else ():
+        lines += [f"# HELP {name} [STABLE] {help_}", f"# TYPE {name} {kind}"]
+        lines += [f"{name}{{{block}}} {values[i]} {at}" for block, values, at in totals]
     if node is not None:
         lines += [
             "# HELP node_cpu_usage_seconds_total [STABLE] Cumulative cpu time consumed by the node in "
@@ -347,41 +464,65 @@ def cadvisor_identity(pod: RawObject, container: str) -> dict[str, str]:
     }
 
 
-def cadvisor_metrics(pods: Iterable[RawObject], measured: Iterable[Measured], scrape_error: bool) -> str:
+def cadvisor_blocks(pod: RawObject, container: str) -> tuple[str, str]:
+    """A container's cAdvisor label block, without and with ``cpu="total"`` (which sorts
+    between ``container`` and ``id``). Pure."""
+    labels = cadvisor_identity(pod, container)
+    head = f'container="{label_value(labels.pop("container"))}"'
+    rest = label_block(labels)
+    return f"{head},{rest}", f'{head},cpu="total",{rest}'
+
+
+class CadvisorTexts(NamedTuple):
+    """What ``/metrics/cadvisor`` writes of a pod that changes only with the pod."""
+
+    starts: list[str]
+    """The start-time lines of its running containers, by container name."""
+    containers: dict[str, tuple[str, str]]
+    """Each running container's label blocks (:func:`cadvisor_blocks`)."""
+
+
+def cadvisor_texts(pod: RawObject) -> CadvisorTexts:
+    """What ``/metrics/cadvisor`` writes of ``pod`` but its usage. Pure."""
+    containers, starts = {}, []
+    for container, started in sorted(_started(pod).items()):
+        blocks = containers[container] = cadvisor_blocks(pod, container)
+        starts.append(f"container_start_time_seconds{{{blocks[0]}}} {started:.15g}")
+    return CadvisorTexts(starts, containers)
+
+
+def cadvisor_metrics(
+    pods: Iterable[RawObject],
+    measured: Iterable[Measured],
+    scrape_error: bool,
+    texts: PodTexts[CadvisorTexts] | None = None,
+) -> str:
     """The kubelet's ``/metrics/cadvisor`` text for ``pods``: each running container's start
     time, the CPU counter and working set the provider measured (none for a container it did
     not: never made up), and whether reading the provider failed. The series and labels that
     Prometheus' kubelet scrape and its usual dashboards and recording rules read
     (``container_cpu_usage_seconds_total{image!=""}``, ``container_memory_working_set_bytes``
-    with ``container`` and ``image``); nothing of the node's machine, which has none. Pure."""
-    pods = list(pods)
-    by_key = {(str(p["metadata"].get("namespace")), p["metadata"]["name"]): p for p in pods}
-    measured = [m for m in measured if (m.namespace, m.pod) in by_key]
-    blocks: dict[tuple[str, str, str], tuple[str, str]] = {}
-
-    def block(pod: RawObject, container: str, with_cpu: bool) -> str:
-        key = (str(pod["metadata"].get("namespace")), pod["metadata"]["name"], container)
-        found = blocks.get(key)
-        if found is None:
-            labels = cadvisor_identity(pod, container)
-            head = f'container="{label_value(labels.pop("container"))}"'
-            rest = label_block(labels)  # the labels after ``cpu`` in cAdvisor's (sorted) order
-            found = blocks[key] = (f"{head},{rest}", f'{head},cpu="total",{rest}')
-        return found[with_cpu]
-
+    with ``container`` and ``image``); nothing of the node's machine, which has none. Pure but
+    for ``texts``, the pods' texts kept from the last scrape (none: all made anew)."""
+    by_key = (texts if texts is not None else PodTexts(cadvisor_texts)).scrape(pods)
+    stamps = _Stamps()
+    tails = []
+    for m in measured:
+        if (found := by_key.get((m.namespace, m.pod))) is None:
+            continue  # not a pod of this node's
+        pod, pod_texts = found
+        blocks = pod_texts.containers.get(m.container) or cadvisor_blocks(pod, m.container)
+        tails.append((m, blocks, stamps[m.timestamp]))
     lines = []
     for name, kind, help_, with_cpu, value in CADVISOR_USAGE:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
-        for m in measured:
-            labels = block(by_key[(m.namespace, m.pod)], m.container, with_cpu)
-            lines.append(sample_line(name, labels, value(m), m.timestamp))
+        lines += [f"{name}{{{blocks[with_cpu]}}} {value(m):.15g} {at}" for m, blocks, at in tails]
     lines += [
         "# HELP container_start_time_seconds Start time of the container since unix epoch in seconds.",
         "# TYPE container_start_time_seconds gauge",
     ]
-    for pod in pods:
-        for container, started in sorted(_started(pod).items()):
-            lines.append(sample_line("container_start_time_seconds", block(pod, container, False), started))
+    for _, pod_texts in by_key.values():
+        lines += pod_texts.starts
     lines += [
         "# HELP container_scrape_error 1 if there was an error while getting container metrics, 0 otherwise",
         "# TYPE container_scrape_error gauge",

@@ -43,10 +43,13 @@ from ..forge.kubeletmetrics import kubelet_metrics
 from ..forge.usage import (
     CpuCounters,
     Measured,
+    PodTexts,
     cadvisor_metrics,
+    cadvisor_texts,
     measure,
     pod_total,
     resource_metrics,
+    resource_texts,
     summary_usage,
     twin_usage,
 )
@@ -259,11 +262,14 @@ provider slow or away should cost the node its usage figures, not the whole scra
 
 
 class Usage:
-    """What the usage routes keep between scrapes: the CPU counters, and the last failure to read
-    the provider's metrics (logged when it changes, not at every scrape)."""
+    """What the usage routes keep between scrapes: the CPU counters, each path's texts of the
+    pods (made again only for a pod that changed), and the last failure to read the provider's
+    metrics (logged when it changes, not at every scrape)."""
 
     def __init__(self, timeout: float = USAGE_READ_SECONDS) -> None:
         self.counters = CpuCounters()
+        self.resource_texts = PodTexts(resource_texts)
+        self.cadvisor_texts = PodTexts(cadvisor_texts)
         self.failed: str | None = None
         self.timeout = timeout
 
@@ -361,7 +367,8 @@ async def metrics_resource(request: web.Request) -> web.Response:
     """The resource metrics endpoint that metrics-server scrapes (``kubectl top``): container
     start times, and the usage the provider's metrics API measured for the twins."""
     local, measured, node, failed = await _measured(request)
-    return web.Response(text=resource_metrics(local, measured, node, scrape_error=failed),
+    texts = request.app[USAGE].resource_texts
+    return web.Response(text=resource_metrics(local, measured, node, scrape_error=failed, texts=texts),
                         content_type="text/plain", charset="utf-8")  # fmt: skip
 
 
@@ -369,7 +376,8 @@ async def metrics_cadvisor(request: web.Request) -> web.Response:
     """The cAdvisor endpoint that Prometheus scrapes on every node: the same usage as
     ``/metrics/resource``, under cAdvisor's names and labels."""
     local, measured, _, failed = await _measured(request)
-    return web.Response(text=cadvisor_metrics(local, measured, scrape_error=failed),
+    texts = request.app[USAGE].cadvisor_texts
+    return web.Response(text=cadvisor_metrics(local, measured, scrape_error=failed, texts=texts),
                         content_type="text/plain", charset="utf-8")  # fmt: skip
 
 

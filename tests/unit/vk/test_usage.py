@@ -3,23 +3,31 @@ computes from two scrapes is the rate the provider measured."""
 
 from __future__ import annotations
 
+import copy
+import random
 import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kube.objects import RawObject
+from kube.quantities import parse_quantity
 from kube.times import unix_seconds
 from vk.forge.usage import (
     MIN_CPU_SECONDS,
     ContainerUsage,
     CpuCounters,
+    PodTexts,
+    _bytes,
+    _cores,
     _seconds,
     cadvisor_identity,
     cadvisor_metrics,
+    cadvisor_texts,
     container_usage,
     measure,
     resource_metrics,
+    resource_texts,
     summary_usage,
 )
 
@@ -274,3 +282,60 @@ def test_an_ephemeral_containers_cadvisor_labels_come_from_its_own_status() -> N
     }
     del pod["status"]["ephemeralContainerStatuses"]
     assert cadvisor_identity(pod, "debugger")["image"] == "busybox"
+
+
+def test_usage_quantities_read_exactly_as_parse_quantity_reads_them() -> None:
+    """metrics-server's forms (``123456789n``, ``1048576Ki``) take a short way; its figures are
+    the float nearest the exact quantity, as ``parse_quantity``'s, and any other form goes
+    that way (a refused one is refused both ways)."""
+    rng = random.Random(15)
+    cpu = [f"{rng.randrange(10 ** rng.randrange(1, 16))}{suffix}" for suffix in ("n", "u", "m", "")
+           for _ in range(500)]  # fmt: skip
+    cpu += ["0", "1", "250m", "999999999999999n", "1.5", "2e3", "1k", "0.5m", "+1"]
+    for text in cpu:
+        assert _cores(text) == float(parse_quantity(text)), text
+    memory = [f"{rng.randrange(10 ** rng.randrange(1, 16))}{suffix}"
+              for suffix in ("", "k", "M", "G", "Ki", "Mi", "Gi") for _ in range(200)]  # fmt: skip
+    memory += ["1Ti", "1.5Gi", "1e3", "64Mi", "1000m"]
+    for text in memory:
+        assert _bytes(text) == int(parse_quantity(text)), text
+    for bad in ("lots", "", "1.5GB", "-", "1Kb"):
+        with pytest.raises(ValueError):
+            _cores(bad)
+        with pytest.raises(ValueError):
+            _bytes(bad)
+
+
+def test_kept_texts_are_made_again_for_a_pod_that_changed_and_dropped_for_one_gone() -> None:
+    """The virtual kubelet keeps each pod's label blocks and start times between scrapes: a
+    pod that changed (a new resourceVersion: here its container restarted) is written as it is
+    now, one without a resourceVersion is written anew each time, and one gone is forgotten."""
+    kept = PodTexts(resource_texts)
+    trainer, other = consumer_pod("trainer", "u1"), consumer_pod("other", "u2")
+    trainer["metadata"]["resourceVersion"], other["metadata"]["resourceVersion"] = "11", "12"
+    loose = consumer_pod("loose", "u3")  # no resourceVersion
+    usage = {"u1": container_usage(pod_metrics("trainer", "2026-11-28T10:00:00Z", "15s", main=("1", "1Gi")))}
+    counters = CpuCounters()
+    first = resource_metrics([trainer, other, loose], *measure([trainer], usage, counters), False, kept)
+    assert first == resource_metrics([trainer, other, loose], *measure([trainer], usage, counters), False)
+    assert len(kept) == 2
+    restarted, moved = copy.deepcopy(trainer), copy.deepcopy(loose)
+    restarted["metadata"]["resourceVersion"] = "21"
+    for pod in (restarted, moved):
+        pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"] = "2026-11-28T10:05:00Z"
+    again = series(resource_metrics([restarted, other, moved], [], None, False, kept))
+    for name in ("trainer", "loose"):
+        start = again[f'container_start_time_seconds{{container="main",namespace="ml",pod="{name}"}}']
+        assert start == (unix_seconds("2026-11-28T10:05:00Z"), None), name
+    resource_metrics([other], [], None, False, kept)
+    assert len(kept) == 1
+    # the same for cAdvisor's
+    kept_cadvisor = PodTexts(cadvisor_texts)
+    pod = running_pod("trainer", "u1", "Burstable", "containerd://abc123")
+    pod["metadata"]["resourceVersion"] = "11"
+    assert cadvisor_metrics([pod], [], False, kept_cadvisor) == cadvisor_metrics([pod], [], False)
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["resourceVersion"] = "12"
+    pod["status"]["containerStatuses"][0]["containerID"] = "containerd://def456"
+    text = cadvisor_metrics([pod], [], False, kept_cadvisor)
+    assert "podu1/def456" in text and "abc123" not in text, text
