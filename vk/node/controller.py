@@ -262,8 +262,17 @@ class NodeController:
 
     def _mark_dirty(self) -> None:
         self._dirty.set()
-        for listener in self._capacity_listeners:
-            listener()
+        self._tell(self._capacity_listeners, "capacity changed")
+
+    def _tell(self, listeners: list[Callable[[], None]], what: str) -> None:
+        """Call each of ``listeners``; one that raises is logged and the others are still called,
+        and so is the rest of the caller's work (a probe's result recorded, the Node marked to
+        be written): a listener's bug must not stop the loop that tells it."""
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:
+                self.log.exception("a listener of %r failed (%s); the others were told", what, listener)
 
     # ---- provider probe ------------------------------------------------------------------------
 
@@ -294,8 +303,7 @@ class NodeController:
             if self.reachable:
                 self.log.info("provider API server is reachable")
                 if before is False:
-                    for listener in self._back_listeners:
-                        listener()
+                    self._tell(self._back_listeners, "provider back")
             else:
                 self.log.warning("provider API server is unreachable: %s", self.probe_error)
             self._dirty.set()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from decimal import Decimal
 from typing import Any
 
 import orjson
+import pytest
 
 from kube.clients import KubeClient
 from kube.kubeconfigs import Connection
@@ -889,3 +891,33 @@ def test_the_provider_back_after_an_outage_wakes_its_listeners_once() -> None:
     assert controller.reachable is True and back == [1]
     controller._record_probe(None)
     assert back == [1]
+
+
+def test_a_listener_that_raises_stops_neither_the_others_nor_the_probe(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in one listener (the provider back, capacity changed) is logged; the listeners
+    after it are still told, the probe's result is recorded and the Node marked to be written."""
+    controller = offline_controller()
+    told: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    controller.on_provider_back(broken)
+    controller.on_provider_back(lambda: told.append("back"))
+    controller.on_capacity_change(broken)
+    controller.on_capacity_change(lambda: told.append("capacity"))
+    controller._record_probe(None)
+    for _ in range(PROBE_FAILURES):
+        controller._record_probe("connection refused")
+    controller._dirty.clear()
+    controller._probed.clear()
+    with caplog.at_level(logging.ERROR):
+        controller._record_probe(None)
+        controller.apply_grant({"nvidia.com/gpu": "3"}, {})
+    assert told == ["back", "capacity"]
+    assert controller.reachable is True and controller._dirty.is_set() and controller._probed.is_set()
+    assert controller.resources == {"nvidia.com/gpu": "3"}
+    failures = [r for r in caplog.records if "listener" in r.getMessage()]
+    assert len(failures) == 2 and all(r.exc_info for r in failures), caplog.text
