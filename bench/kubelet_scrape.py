@@ -2,18 +2,21 @@
 (metrics-server, every 15 s by default) and ``/metrics/cadvisor`` (Prometheus' kubelet job,
 every 30 s in kube-prometheus-stack), each the usage the provider measured told of N pods
 (:mod:`vk.forge.usage`), against the same samples written by ``prometheus_client`` (a collector
-of metric families and ``generate_latest``, the usual way).
+of metric families and ``generate_latest``, the usual way) from the pods decoded.
 
-Synthetic and in-process: N running pods of one measured container each, as a burst's are. A
-scrape is what the kubelet API does once the provider's PodMetrics list is in: decode its bytes
-(as metrics-server gives them: CPU in nanocores, memory in KiB) with orjson as our client does,
-read each twin's usage (``twin_usage``), advance the counters (``measure``), write the text. Both
-ways share all but the text. Not in it: the HTTPS read of the list and the write of the answer.
-Both texts are parsed back and compared first; a scrape is timed only where they give the same
-samples. Prints, per N, the CPU of one scrape each way (the best of ``--repeat``), their ratio,
-and what a scrape at those intervals costs of a core (issue 15: steady state at most 2 % of a
-core at 10,000 pods; ``bench.offload``'s virtual kubelet serves no kubelet API, so its steady
-state has no scrape).
+Synthetic and in-process: N running pods of one measured container each, as a burst's are,
+held as the virtual kubelet holds them and their twins (compact :class:`kube.informers.Informer`
+stores, filled through ``receive`` as a watch fills them). A scrape is what the kubelet API's
+route does once the provider's PodMetrics list is in: read the pods from the stores
+(``local_refs``, ``twin_names``), decode the list's bytes (as metrics-server gives them: CPU in
+nanocores, memory in KiB) with orjson as our client does, read each twin's usage
+(``twin_usage``), advance the counters (``measure``), write the text. Not in it: the HTTPS read
+of the list and the write of the answer. Both texts are parsed back and compared first; a scrape
+is timed only where they give the same samples. Prints, per N, the CPU of one scrape each way
+(the best of ``--repeat``), ours both with the pods' texts kept from the last scrape (nothing
+changed) and made anew (every pod changed), their ratio, and what a scrape at those intervals
+costs of a core (issue 15: steady state at most 2 % of a core at 10,000 pods;
+``bench.offload``'s virtual kubelet serves no kubelet API, so its steady state has no scrape).
 
     .venv/bin/python -m bench.kubelet_scrape --pods 1000 --pods 10000
 """
@@ -21,11 +24,12 @@ state has no scrape).
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
@@ -33,13 +37,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from kube.clients import KubeClient
+from kube.informers import Informer
 from kube.memory import tune_gc
-from kube.objects import RawObject
+from kube.objects import PODS, ObjectKey, RawObject
 from kube.times import unix_seconds
+from kube.watching import WatchEvent
 from vk.forge.usage import (
+    CadvisorTexts,
     CpuCounters,
     Measured,
+    PodRef,
     PodTexts,
+    ResourceTexts,
     cadvisor_identity,
     cadvisor_metrics,
     cadvisor_texts,
@@ -48,6 +58,8 @@ from vk.forge.usage import (
     resource_texts,
     twin_usage,
 )
+from vk.kubelet.server import KubeletContext, local_refs, twin_names
+from vk.reflection.informers import consumer_key
 
 IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
 INTERVALS = {"resource": 15.0, "cadvisor": 30.0}
@@ -55,18 +67,69 @@ INTERVALS = {"resource": 15.0, "cadvisor": 30.0}
 
 
 def pod(i: int) -> dict[str, Any]:
-    """A running consumer pod with one container, started in one of a burst's few seconds."""
+    """A running consumer pod of a Job, with one container started in one of a burst's few
+    seconds, as the virtual kubelet's store keeps it (no managed fields)."""
+    job = {"name": "train", "uid": "1f2e3d4c-5b6a-4c77-9f0e-0b0e7d3c8d2a"}
     running = {"running": {"startedAt": f"2026-11-28T10:00:{i % 60:02d}Z"}}
-    status = {"name": "main", "image": IMAGE, "containerID": f"containerd://{i:064x}", "state": running}
+    status = {"name": "main", "image": IMAGE, "imageID": "", "containerID": f"containerd://{i:064x}",
+              "state": running, "lastState": {}, "ready": True, "restartCount": 0}  # fmt: skip
+    conditions = [{"type": kind, "status": "True", "lastTransitionTime": "2026-11-28T10:00:02Z"}
+                  for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
+                               "PodScheduled")]  # fmt: skip
     return {
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
             "name": f"p-{i:05d}",
             "namespace": "ml-team",
-            "uid": f"uid-{i:05d}",
+            "uid": f"{i:08d}-8d2a-4c77-9f0e-1f2e3d4c5b6a",
             "resourceVersion": str(7_000_000 + i),
+            "creationTimestamp": "2026-11-28T10:00:00Z",
+            "labels": {
+                "batch.kubernetes.io/job-name": job["name"],
+                "job-name": job["name"],
+                "batch.kubernetes.io/controller-uid": job["uid"],
+                "controller-uid": job["uid"],
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    **job,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "finalizers": ["batch.kubernetes.io/job-tracking"],
         },
-        "spec": {"containers": [{"name": "main", "image": IMAGE}]},
-        "status": {"phase": "Running", "qosClass": "BestEffort", "containerStatuses": [status]},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": IMAGE,
+                    "command": ["python", "train.py"],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+                    "terminationMessagePath": "/dev/termination-log",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "restartPolicy": "Never",
+            "nodeName": "gpuferry-farm",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "tolerations": [
+                {"key": "virtual-node.gpuferry.io/not-allowed", "operator": "Exists", "effect": "NoExecute"}
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "qosClass": "BestEffort",
+            "conditions": conditions,
+            "hostIP": "10.0.0.1",
+            "podIP": f"10.244.{i // 250}.{i % 250}",
+            "startTime": "2026-11-28T10:00:00Z",
+            "containerStatuses": [status],
+        },
     }
 
 
@@ -96,12 +159,42 @@ def listed(n: int) -> bytes:
                          "metadata": {}, "items": [pod_metrics(i) for i in range(n)]})  # fmt: skip
 
 
-def read(body: bytes, twins: Mapping[str, Mapping[str, str]], pods: list[RawObject],
-         counters: CpuCounters) -> tuple[list[Measured], Measured | None]:  # fmt: skip
-    """What a scrape does once the list is in, up to the text: decode, read, advance."""
-    usage, failures = twin_usage(twins, {TWINS: orjson.loads(body)})
+def twin(i: int) -> dict[str, Any]:
+    """Pod ``i``'s twin as the virtual kubelet's store of twins keeps it."""
+    twin = pod(i)
+    twin["metadata"].update(namespace=TWINS, uid=f"twin-{i:05d}", resourceVersion=str(900_000 + i))
+    return twin
+
+
+def stores(n: int) -> KubeletContext:
+    """The consumer pods and their twins in compact stores, as the kubelet API reads them."""
+    local = Informer(cast(KubeClient, None), PODS, name="consumer-pods", key_of=consumer_key,
+                     compact=True)  # fmt: skip
+    twins = Informer(cast(KubeClient, None), PODS, name="provider-twins", compact=True,
+                     key_of=lambda t: ObjectKey("ml-team", t["metadata"]["name"]))  # fmt: skip
+    for i in range(n):
+        local.receive(WatchEvent("ADDED", pod(i)))
+        twins.receive(WatchEvent("ADDED", twin(i)))
+    started = datetime.datetime.now(datetime.UTC)
+    return KubeletContext(node_name="gpuferry-farm", provider=cast(KubeClient, None), local_pod=local.get,
+                          twin_pod=twins.get, local_keys=local.keys, local_identity=local.identity,
+                          twin_identity=twins.identity, started=started)  # fmt: skip
+
+
+def read(
+    ctx: KubeletContext, body: bytes, counters: CpuCounters
+) -> tuple[list[PodRef], list[Measured], Measured | None]:
+    """What a scrape does once the list is in, up to the text: the pods from the stores, the
+    list decoded, each twin's usage read, the counters advanced."""
+    refs = local_refs(ctx)
+    usage, failures = twin_usage(twin_names(ctx, refs), {TWINS: orjson.loads(body)})
     assert not failures, failures[:3]
-    return measure(pods, usage, counters)
+    return refs, *measure(refs, usage, counters)
+
+
+def decoded(refs: list[PodRef]) -> list[RawObject]:
+    """The pods of ``refs``, each decoded from its store."""
+    return [p for ref in refs if (p := ref.load()) is not None]
 
 
 class _Families(Collector):
@@ -256,23 +349,32 @@ def run(n: int, repeat: int) -> list[str]:
     """One line per path: ours and the library's CPU per scrape, their ratio, the share of a
     core; ours both as the virtual kubelet scrapes when no pod changed (the pods' texts kept
     from the last scrape) and when every pod did (all made anew)."""
-    pods = [pod(i) for i in range(n)]
+    ctx = stores(n)
     body = listed(n)
-    twins = {TWINS: {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}}
     counters = CpuCounters()
-    measured, node = read(body, twins, pods, counters)
+    refs, measured, node = read(ctx, body, counters)
+    pods = decoded(refs)
     kept_resource, kept_cadvisor = PodTexts(resource_texts), PodTexts(cadvisor_texts)
+
+    def resource(kept: PodTexts[ResourceTexts] | None) -> str:
+        refs, measured, node = read(ctx, body, counters)
+        return resource_metrics(refs, measured, node, False, kept)
+
+    def cadvisor(kept: PodTexts[CadvisorTexts] | None) -> str:
+        refs, measured, _ = read(ctx, body, counters)
+        return cadvisor_metrics(refs, measured, False, kept)
+
+    def resource_library() -> bytes:
+        refs, measured, node = read(ctx, body, counters)
+        return library_resource(decoded(refs), measured, node)
+
+    def cadvisor_library() -> bytes:
+        refs, measured, _ = read(ctx, body, counters)
+        return library_cadvisor(decoded(refs), measured)
+
     ways: dict[str, tuple[Callable[[], str], Callable[[], str], Callable[[], object]]] = {
-        "resource": (
-            lambda: resource_metrics(pods, *read(body, twins, pods, counters), False, kept_resource),
-            lambda: resource_metrics(pods, *read(body, twins, pods, counters), scrape_error=False),
-            lambda: library_resource(pods, *read(body, twins, pods, counters)),
-        ),
-        "cadvisor": (
-            lambda: cadvisor_metrics(pods, read(body, twins, pods, counters)[0], False, kept_cadvisor),
-            lambda: cadvisor_metrics(pods, read(body, twins, pods, counters)[0], scrape_error=False),
-            lambda: library_cadvisor(pods, read(body, twins, pods, counters)[0]),
-        ),
+        "resource": (lambda: resource(kept_resource), lambda: resource(None), resource_library),
+        "cadvisor": (lambda: cadvisor(kept_cadvisor), lambda: cadvisor(None), cadvisor_library),
     }
     texts = {
         "resource": (

@@ -33,7 +33,7 @@ import logging
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import orjson
 
@@ -42,7 +42,7 @@ from .objects import ObjectKey, RawObject, Resource
 from .settings import WatchSettings
 from .watching import Listed, WatchEvent, watch_objects
 
-__all__ = ["Change", "Informer", "Projection", "drop_noise"]
+__all__ = ["Change", "Informer", "Projection", "Stored", "drop_noise"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,19 @@ class _Packer:
         return obj
 
 
-def _identity(obj: RawObject) -> tuple[str | None, str | None]:
+class Stored(NamedTuple):
+    """What an informer knows of a stored object without decoding it."""
+
+    uid: str | None
+    version: str | None
+    """Its resourceVersion."""
+    own: ObjectKey
+    """Its own key (namespace, name), which may differ from the key it is filed under."""
+
+
+def _identity(obj: RawObject, own: ObjectKey) -> Stored:
     metadata = obj.get("metadata") or {}
-    return metadata.get("uid"), metadata.get("resourceVersion")
+    return Stored(metadata.get("uid"), metadata.get("resourceVersion"), own)
 
 
 class Change:
@@ -173,9 +183,9 @@ class Informer:
         there."""
         self._decoded_max = max(1, decoded)
         self._filed: dict[ObjectKey, ObjectKey] = {}  # an object's own key -> the key it is filed under
-        self._uids: dict[ObjectKey, tuple[str | None, str | None]] = {}
-        """Filed key -> (uid, resourceVersion) of the stored object, read without decoding it
-        (and kept whatever the projection drops)."""
+        self._uids: dict[ObjectKey, Stored] = {}
+        """Filed key -> the stored object's UID, resourceVersion and own key, read without
+        decoding it (and kept whatever the projection drops)."""
         self._handlers: list[Callable[[Change], None]] = []
         self._event_handlers: list[Callable[[WatchEvent | Listed], None]] = []
         self.synced = asyncio.Event()
@@ -225,7 +235,13 @@ class Informer:
 
     def resource_version(self, key: ObjectKey) -> str | None:
         """The ``resourceVersion`` of the object stored under ``key`` (no decoding)."""
-        return (self._uids.get(key) or (None, None))[1]
+        stored = self._uids.get(key)
+        return stored.version if stored is not None else None
+
+    def identity(self, key: ObjectKey) -> Stored | None:
+        """The UID, resourceVersion and own key of the object stored under ``key`` (no
+        decoding; None: nothing stored there)."""
+        return self._uids.get(key)
 
     def items(self) -> list[tuple[ObjectKey, RawObject]]:
         return [(key, obj) for key in list(self._store) if (obj := self.get(key)) is not None]
@@ -238,8 +254,9 @@ class Informer:
         if key is None:
             return
         self._put(key, self.project(obj))
-        self._uids[key] = _identity(obj)
-        self._filed[ObjectKey.of(obj)] = key
+        own = ObjectKey.of(obj)
+        self._uids[key] = _identity(obj, own)
+        self._filed[own] = key
 
     def values(self) -> list[RawObject]:
         """Every object (a compact store decodes each: for rare, whole-store reads)."""
@@ -280,7 +297,7 @@ class Informer:
         if item.type == "DELETED":
             # a deletion of an older object filed under the same key must not drop its successor
             self._filed.pop(item.key, None)
-            if present and (self._uids.get(key) or (None, None))[0] == uid:
+            if present and (stored := self._uids.get(key)) is not None and stored.uid == uid:
                 old = self._drop(key)
                 del self._uids[key]
                 self._emit(Change("DELETED", key, old, None, self._packer.unpack))
@@ -288,7 +305,7 @@ class Informer:
         old = self._drop(key) if present and self.compact else self._store.get(key)
         new = self.project(item.object)
         self._put(key, new)
-        self._uids[key] = _identity(item.object)
+        self._uids[key] = _identity(item.object, item.key)
         self._filed[item.key] = key
         self._emit(Change("MODIFIED" if present else "ADDED", key, old, new, self._packer.unpack))
 

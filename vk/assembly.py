@@ -397,7 +397,8 @@ def add_kubelet_api(manager: Manager, settings: VirtualKubeletSettings, *, consu
     (its kubelet moved to another pod) would get the request denied."""
     name = settings.effective_node_name
     ctx = KubeletContext(node_name=name, provider=provider, local_pod=local.get, twin_pod=remote.get,
-                         local_keys=local.keys, started=datetime.datetime.now(datetime.UTC),
+                         local_keys=local.keys, local_identity=local.identity,
+                         twin_identity=remote.identity, started=datetime.datetime.now(datetime.UTC),
                          own_metrics=manager.probes.metrics_text)  # fmt: skip
     certificate = ServingCertificate(consumer, node_name=name, addresses=(settings.node_address,),
                                      self_approve=settings.kubelet_csr_self_approve,

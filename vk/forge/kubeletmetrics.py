@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from kube.objects import RawObject
 
-from .usage import series_line
+from .usage import PodLike, PodTexts, series_line
 
 STATE_NAMES = {"running": "running", "terminated": "exited", "waiting": "created"}
 """A container status's state, by the name the kubelet's runtime gives it."""
@@ -43,11 +44,28 @@ def container_states(pods: Iterable[RawObject]) -> Counter[str]:
     return counted
 
 
-def kubelet_metrics(node_name: str, pods: Iterable[RawObject]) -> str:
+class PodStates(NamedTuple):
+    """What ``/metrics`` counts of one pod: whether it runs, its containers by state."""
+
+    running: bool
+    containers: Counter[str]
+
+
+def pod_states(pod: RawObject) -> PodStates:
+    """Pure."""
+    return PodStates((pod.get("status") or {}).get("phase") == "Running", container_states([pod]))
+
+
+def kubelet_metrics(node_name: str, pods: Iterable[PodLike], kept: PodTexts[PodStates] | None = None) -> str:
     """``kubelet_node_name``, ``kubelet_running_pods`` and ``kubelet_running_containers`` of the
-    virtual node ``node_name`` with the consumer ``pods`` bound to it. Pure."""
-    pods = list(pods)
-    running = sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
+    virtual node ``node_name`` with the consumer ``pods`` bound to it. Pure but for ``kept``, each
+    pod's counts from the last scrape (a pod is loaded again only once it changed)."""
+    states = [
+        found for _, found in (kept if kept is not None else PodTexts(pod_states)).scrape(pods).values()
+    ]
+    containers: Counter[str] = Counter()
+    for found in states:
+        containers.update(found.containers)
     lines = [
         "# HELP kubelet_node_name [ALPHA] The node's name. The count is always 1.",
         "# TYPE kubelet_node_name gauge",
@@ -55,9 +73,9 @@ def kubelet_metrics(node_name: str, pods: Iterable[RawObject]) -> str:
         "# HELP kubelet_running_containers [ALPHA] Number of containers currently running",
         "# TYPE kubelet_running_containers gauge",
         *(series_line("kubelet_running_containers", {"container_state": state}, count)
-          for state, count in sorted(container_states(pods).items())),
+          for state, count in sorted(containers.items())),
         "# HELP kubelet_running_pods [ALPHA] Number of pods that have a running pod sandbox",
         "# TYPE kubelet_running_pods gauge",
-        series_line("kubelet_running_pods", {}, running),
+        series_line("kubelet_running_pods", {}, sum(found.running for found in states)),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -27,26 +27,31 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from kube.clients import KubeClient
 from kube.errors import KubeError
+from kube.informers import Stored
 from kube.metrics import render
 from kube.objects import ObjectKey, RawObject, Resource
 from kube.times import rfc3339
 
-from ..forge.kubeletmetrics import kubelet_metrics
+from ..forge.kubeletmetrics import kubelet_metrics, pod_states
 from ..forge.usage import (
     CpuCounters,
     Measured,
+    PodLike,
+    PodRef,
     PodTexts,
     cadvisor_metrics,
     cadvisor_texts,
     measure,
+    pod_refs,
     pod_total,
     resource_metrics,
     resource_texts,
@@ -63,6 +68,7 @@ logger = logging.getLogger(__name__)
 LOG_PARAMS = ("follow", "tailLines", "sinceSeconds", "sinceTime", "timestamps", "previous", "limitBytes")
 
 PodLookup = Callable[[ObjectKey], RawObject | None]
+IdentityLookup = Callable[[ObjectKey], Stored | None]
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class KubeletContext:
     twin_pod: PodLookup
     """Its twin on the provider, by the consumer pod's key (None: not created yet)."""
     local_keys: Callable[[], list[ObjectKey]]
+    local_identity: IdentityLookup
+    """A consumer pod's UID, resourceVersion and key, by its key, without decoding it."""
+    twin_identity: IdentityLookup
+    """Its twin's, by the consumer pod's key: the twin's own key among them."""
     started: datetime.datetime
     own_metrics: Callable[[], bytes] = render
     """The virtual kubelet's own metrics in Prometheus' text format."""
@@ -236,6 +246,16 @@ def _local_pods(ctx: KubeletContext) -> list[RawObject]:
     return [pod for key in ctx.local_keys() if (pod := ctx.local_pod(key)) is not None]
 
 
+def local_refs(ctx: KubeletContext) -> list[PodRef]:
+    """The pods bound here, each decoded only if a scrape needs it (:class:`PodRef`)."""
+    found = []
+    for key in ctx.local_keys():
+        if (stored := ctx.local_identity(key)) is not None:
+            found.append(PodRef(str(key.namespace), key.name, stored.uid, stored.version,
+                                functools.partial(ctx.local_pod, key)))  # fmt: skip
+    return found
+
+
 async def pods(request: web.Request) -> web.Response:
     return web.json_response(_pod_list(_local_pods(request.app[CONTEXT])))
 
@@ -261,6 +281,17 @@ USAGE_READ_SECONDS = 5.0
 provider slow or away should cost the node its usage figures, not the whole scrape."""
 
 
+def twin_names(ctx: KubeletContext, refs: Iterable[PodRef]) -> dict[str, dict[str, str]]:
+    """Twin namespace -> twin name -> consumer pod UID, of the pods ``refs`` whose twin is
+    there (no twin is decoded)."""
+    twins: dict[str, dict[str, str]] = {}
+    for ref in refs:
+        twin = ctx.twin_identity(ObjectKey(ref.namespace, ref.name))
+        if twin is not None:
+            twins.setdefault(str(twin.own.namespace), {})[twin.own.name] = str(ref.uid)
+    return twins
+
+
 class Usage:
     """What the usage routes keep between scrapes: the CPU counters, each path's texts of the
     pods (made again only for a pod that changed), and the last failure to read the provider's
@@ -270,21 +301,18 @@ class Usage:
         self.counters = CpuCounters()
         self.resource_texts = PodTexts(resource_texts)
         self.cadvisor_texts = PodTexts(cadvisor_texts)
+        self.pod_states = PodTexts(pod_states)
         self.failed: str | None = None
         self.timeout = timeout
 
     async def read(
-        self, ctx: KubeletContext, pods: list[RawObject]
+        self, ctx: KubeletContext, pods: Sequence[PodLike]
     ) -> tuple[list[Measured], Measured | None]:
         """The usage of ``pods``' containers that the provider's metrics API gives for their
-        twins (one list per twin namespace), and the node's; sets :attr:`failed`."""
-        twins: dict[str, dict[str, str]] = {}  # twin namespace -> twin name -> consumer pod UID
-        for pod in pods:
-            meta = pod["metadata"]
-            twin = ctx.twin_pod(ObjectKey(meta.get("namespace"), meta["name"]))
-            if twin is not None:
-                tmeta = twin["metadata"]
-                twins.setdefault(tmeta["namespace"], {})[tmeta["name"]] = str(meta.get("uid"))
+        twins (one list per twin namespace), and the node's; sets :attr:`failed`. Neither a
+        pod nor its twin is decoded but for a container's first sample."""
+        refs = pod_refs(pods)
+        twins = twin_names(ctx, refs)
 
         async def metrics_of(namespace: str) -> RawObject:
             async with asyncio.timeout(self.timeout):
@@ -310,7 +338,7 @@ class Usage:
             elif self.failed:
                 logger.info("usage of the pods on %s read from the provider again", ctx.node_name)
             self.failed = failed
-        return measure(pods, usage, self.counters)
+        return measure(refs, usage, self.counters)
 
 
 USAGE = web.AppKey("kubelet_usage", Usage)
@@ -354,11 +382,11 @@ async def stats_summary(request: web.Request) -> web.Response:
     return web.json_response({"node": node_stats, "pods": pod_stats})
 
 
-async def _measured(request: web.Request) -> tuple[list[RawObject], list[Measured], Measured | None, bool]:
+async def _measured(request: web.Request) -> tuple[list[PodRef], list[Measured], Measured | None, bool]:
     """The pods bound here, their containers' usage and the node's, and whether reading the
     provider failed."""
     ctx, usage = request.app[CONTEXT], request.app[USAGE]
-    local = _local_pods(ctx)
+    local = local_refs(ctx)
     measured, node = await usage.read(ctx, local)
     return local, measured, node, usage.failed is not None
 
@@ -385,7 +413,8 @@ async def own_metrics(request: web.Request) -> web.Response:
     """The virtual kubelet's own metrics, and the kubelet's few that dashboards count kubelets and
     their pods by (:mod:`vk.forge.kubeletmetrics`)."""
     ctx = request.app[CONTEXT]
-    body = ctx.own_metrics() + kubelet_metrics(ctx.node_name, _local_pods(ctx)).encode()
+    states = request.app[USAGE].pod_states
+    body = ctx.own_metrics() + kubelet_metrics(ctx.node_name, local_refs(ctx), states).encode()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from kube import api
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound
-from kube.informers import Change, Informer
+from kube.informers import Change, Informer, Stored
 from kube.objects import NAMESPACEOFFLOADINGS, ObjectKey, RawObject
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent
@@ -122,6 +122,10 @@ class TwinNamespaces:
     def resource_version(self, key: ObjectKey) -> str | None:
         informer = self._holding(key)
         return informer.resource_version(key) if informer is not None else None
+
+    def identity(self, key: ObjectKey) -> Stored | None:
+        informer = self._holding(key)
+        return informer.identity(key) if informer is not None else None
 
     def __len__(self) -> int:
         return sum(len(informer) for informer in self._pods.values())

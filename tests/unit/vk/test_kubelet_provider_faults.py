@@ -16,6 +16,7 @@ from aiohttp import ClientPayloadError, WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kube.clients import KubeClient
+from kube.informers import Stored
 from kube.kubeconfigs import Connection
 from kube.objects import ObjectKey, RawObject
 from kube.ports import free_port
@@ -35,12 +36,15 @@ TWIN: RawObject = {"metadata": {"name": "trainer", "namespace": "ml-cons"}}
 
 
 def _context(provider: KubeClient, twin: RawObject | None) -> KubeletContext:
+    here = ObjectKey("ml", "trainer")
     return KubeletContext(
         node_name="gpuferry-prov",
         provider=provider,
         local_pod=lambda key: POD if key == ObjectKey("ml", "trainer") else None,
         twin_pod=lambda key: twin if key == ObjectKey("ml", "trainer") else None,
         local_keys=lambda: [ObjectKey("ml", "trainer")],
+        local_identity=lambda key: Stored(None, None, key) if key == here else None,
+        twin_identity=lambda key: Stored(None, None, ObjectKey.of(twin)) if twin and key == here else None,
         started=datetime.datetime.now(datetime.UTC),
     )
 

@@ -3,10 +3,15 @@ node's pods."""
 
 from __future__ import annotations
 
+import itertools
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from kube.objects import RawObject
-from vk.forge.kubeletmetrics import container_states, kubelet_metrics
+from vk.forge.kubeletmetrics import container_states, kubelet_metrics, pod_states
+from vk.forge.usage import PodTexts
+
+_names = itertools.count()
 
 
 def pod(phase: str, *states: tuple[str, bool], init: tuple[str, bool] | None = None) -> RawObject:
@@ -25,7 +30,7 @@ def pod(phase: str, *states: tuple[str, bool], init: tuple[str, bool] | None = N
     }
     if init is not None:
         found["initContainerStatuses"] = [status(9, *init)]
-    return {"metadata": {"name": "p", "namespace": "ml"}, "status": found}
+    return {"metadata": {"name": f"p{next(_names)}", "namespace": "ml"}, "status": found}
 
 
 def test_containers_are_counted_by_the_runtimes_state_names() -> None:
@@ -51,3 +56,27 @@ def test_kubelet_metrics_name_the_node_and_count_its_running_pods() -> None:
         ("kubelet_running_pods", ()): 2,
     }
     assert "kubelet_running_pods 0" in kubelet_metrics("gpuferry-gpu-farm", []).splitlines()
+
+
+def test_kept_counts_are_those_of_each_pod_as_it_is_now() -> None:
+    """The virtual kubelet keeps each pod's counts between scrapes of ``/metrics``: a pod that
+    changed (a new resourceVersion) is counted as it is now, one gone no more."""
+
+    def counted(text: str) -> dict[str, float]:
+        families = text_string_to_metric_families(text)
+        return {f"{s.name}{sorted(s.labels.items())}": s.value for family in families
+                for s in family.samples if s.name != "kubelet_node_name"}  # fmt: skip
+
+    kept = PodTexts(pod_states)
+    a, b = pod("Running", ("running", True)), pod("Pending", ("waiting", True))
+    for i, p in enumerate((a, b)):
+        p["metadata"].update(uid=f"u{i}", resourceVersion="1")
+    assert counted(kubelet_metrics("n", [a, b], kept)) == counted(kubelet_metrics("n", [a, b]))
+    b = pod("Running", ("running", True))
+    b["metadata"].update(uid="u1", resourceVersion="2")
+    assert counted(kubelet_metrics("n", [a, b], kept)) == {
+        "kubelet_running_containers[('container_state', 'running')]": 2,
+        "kubelet_running_pods[]": 2,
+    }
+    assert counted(kubelet_metrics("n", [b], kept))["kubelet_running_pods[]"] == 1
+    assert len(kept) == 1
