@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 from prometheus_client import CollectorRegistry, generate_latest
@@ -50,20 +51,21 @@ from vk.forge.usage import (
     PodRef,
     PodTexts,
     ResourceTexts,
+    SummaryTexts,
     cadvisor_identity,
     cadvisor_metrics,
     cadvisor_texts,
     measure,
     resource_metrics,
     resource_texts,
+    stats_summary,
+    summary_texts,
     twin_usage,
 )
 from vk.kubelet.server import KubeletContext, local_refs, twin_names
 from vk.reflection.informers import consumer_key
 
 IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
-INTERVALS = {"resource": 15.0, "cadvisor": 30.0}
-"""Seconds between two scrapes of each path by its usual scraper."""
 
 
 def pod(i: int) -> dict[str, Any]:
@@ -345,16 +347,42 @@ def cpu_best(repeat: int, run: Callable[[], object]) -> float:
     return min(times)
 
 
-def run(n: int, repeat: int) -> list[str]:
-    """One line per path: ours and the library's CPU per scrape, their ratio, the share of a
-    core; ours both as the virtual kubelet scrapes when no pod changed (the pods' texts kept
-    from the last scrape) and when every pod did (all made anew)."""
+class Path(NamedTuple):
+    """One path of the kubelet API, scraped three ways."""
+
+    route: str
+    every: float
+    """Seconds between two scrapes by its usual scraper."""
+    baseline: str
+    """What the usual way is."""
+    ours: str
+    theirs: str
+    """One scrape's answer each way, compared first."""
+    same: Callable[[str, str], bool]
+    steady: Callable[[], str]
+    """A scrape by the virtual kubelet, the pods' parts kept from the last one."""
+    anew: Callable[[], str]
+    """The same, every pod's parts made anew (as after every pod changed)."""
+    usual: Callable[[], object]
+
+
+def same_samples(ours: str, theirs: str) -> bool:
+    return agree(samples(ours), samples(theirs))
+
+
+def same_json(ours: str, theirs: str) -> bool:
+    return bool(orjson.loads(ours) == orjson.loads(theirs))
+
+
+def paths(n: int) -> list[Path]:
+    """``/metrics/resource``, ``/metrics/cadvisor`` and ``/stats/summary`` of N pods."""
     ctx = stores(n)
     body = listed(n)
     counters = CpuCounters()
     refs, measured, node = read(ctx, body, counters)
     pods = decoded(refs)
     kept_resource, kept_cadvisor = PodTexts(resource_texts), PodTexts(cadvisor_texts)
+    kept_summary = PodTexts(summary_texts)
 
     def resource(kept: PodTexts[ResourceTexts] | None) -> str:
         refs, measured, node = read(ctx, body, counters)
@@ -364,6 +392,10 @@ def run(n: int, repeat: int) -> list[str]:
         refs, measured, _ = read(ctx, body, counters)
         return cadvisor_metrics(refs, measured, False, kept)
 
+    def summary(kept: PodTexts[SummaryTexts] | None) -> str:
+        refs, measured, node = read(ctx, body, counters)
+        return orjson.dumps(stats_summary(ctx.node_name, ctx.started, refs, measured, node, kept)).decode()
+
     def resource_library() -> bytes:
         refs, measured, node = read(ctx, body, counters)
         return library_resource(decoded(refs), measured, node)
@@ -372,36 +404,44 @@ def run(n: int, repeat: int) -> list[str]:
         refs, measured, _ = read(ctx, body, counters)
         return library_cadvisor(decoded(refs), measured)
 
-    ways: dict[str, tuple[Callable[[], str], Callable[[], str], Callable[[], object]]] = {
-        "resource": (lambda: resource(kept_resource), lambda: resource(None), resource_library),
-        "cadvisor": (lambda: cadvisor(kept_cadvisor), lambda: cadvisor(None), cadvisor_library),
-    }
-    texts = {
-        "resource": (
-            resource_metrics(pods, measured, node, scrape_error=False),
-            library_resource(pods, measured, node).decode(),
-        ),
-        "cadvisor": (
-            cadvisor_metrics(pods, measured, scrape_error=False),
-            library_cadvisor(pods, measured).decode(),
-        ),
-    }
+    def summary_decoded() -> str:
+        refs, measured, node = read(ctx, body, counters)
+        return json.dumps(stats_summary(ctx.node_name, ctx.started, decoded(refs), measured, node))
+
+    library = "prometheus_client"
+    summary_now = stats_summary(ctx.node_name, ctx.started, pods, measured, node)
+    return [
+        Path("/metrics/resource", 15.0, library, resource_metrics(pods, measured, node, scrape_error=False),
+             library_resource(pods, measured, node).decode(), same_samples,
+             lambda: resource(kept_resource), lambda: resource(None), resource_library),
+        Path("/metrics/cadvisor", 30.0, library, cadvisor_metrics(pods, measured, scrape_error=False),
+             library_cadvisor(pods, measured).decode(), same_samples,
+             lambda: cadvisor(kept_cadvisor), lambda: cadvisor(None), cadvisor_library),
+        Path("/stats/summary", 10.0, "each pod decoded and the standard json",
+             orjson.dumps(summary_now).decode(), json.dumps(summary_now), same_json,
+             lambda: summary(kept_summary), lambda: summary(None), summary_decoded),
+    ]  # fmt: skip
+
+
+def run(n: int, repeat: int) -> list[str]:
+    """One line per path: ours and the usual way's CPU per scrape, their ratio, the share of a
+    core; ours both as the virtual kubelet scrapes when no pod changed (the pods' parts kept
+    from the last scrape) and when every pod did (all made anew). ``/stats/summary``'s usual
+    scraper is OpenTelemetry's kubeletstats receiver (every 10 s by default)."""
     lines = []
-    for path, (ours_text, theirs_text) in texts.items():
-        steady, changed, library = ways[path]
-        if not agree(samples(ours_text), samples(theirs_text)):
-            lines.append(f"N={n} /metrics/{path}: the two texts give different samples: not timed")
+    for path in paths(n):
+        if not path.same(path.ours, path.theirs):
+            lines.append(f"N={n} {path.route}: the two ways give different answers: not timed")
             continue
-        if steady() != ours_text or steady() != ours_text:  # the kept texts, made and then used
-            lines.append(f"N={n} /metrics/{path}: the pods' kept texts write another text: not timed")
+        if path.steady() != path.ours or path.steady() != path.ours:  # the kept parts, made and then used
+            lines.append(f"N={n} {path.route}: the pods' kept parts give another answer: not timed")
             continue
-        ours, anew, theirs = (cpu_best(repeat, way) for way in (steady, changed, library))
-        every = INTERVALS[path]
+        ours, anew, theirs = (cpu_best(repeat, way) for way in (path.steady, path.anew, path.usual))
         lines.append(
-            f"N={n} /metrics/{path}: ours {ours * 1000:.0f} ms of CPU per scrape ({anew * 1000:.0f} ms "
-            f"after every pod changed), prometheus_client {theirs * 1000:.0f} ms ({theirs / ours:.2f}x "
-            f"ours); a scrape every {every:.0f} s costs {100 * ours / every:.2f} % of a core "
-            f"({len(ours_text) / 1e6:.1f} MB a scrape)"
+            f"N={n} {path.route}: ours {ours * 1000:.0f} ms of CPU per scrape ({anew * 1000:.0f} ms "
+            f"after every pod changed), {path.baseline} {theirs * 1000:.0f} ms ({theirs / ours:.2f}x "
+            f"ours); a scrape every {path.every:.0f} s costs {100 * ours / path.every:.2f} % of a core "
+            f"({len(path.ours) / 1e6:.1f} MB a scrape)"
         )
     return lines
 

@@ -14,6 +14,7 @@ did not.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -570,9 +571,13 @@ def cadvisor_metrics(
     return "\n".join(lines) + "\n"
 
 
+_rfc3339 = functools.lru_cache(maxsize=256)(rfc3339)
+"""A sample's time as the API writes it, worked out once: a scrape's samples share a few."""
+
+
 def summary_usage(m: Measured) -> dict[str, Any]:
     """The Summary API's ``cpu`` and ``memory`` of a container (or a pod, or the node). Pure."""
-    at = rfc3339(m.timestamp)
+    at = _rfc3339(m.timestamp)
     return {
         "cpu": {
             "time": at,
@@ -581,6 +586,68 @@ def summary_usage(m: Measured) -> dict[str, Any]:
         },
         "memory": {"time": at, "workingSetBytes": m.memory_bytes},
     }
+
+
+class SummaryTexts(NamedTuple):
+    """What the Summary API says of a pod that changes only with the pod (never changed once
+    made: a scrape copies what it adds usage to)."""
+
+    head: RawObject
+    """Its ``podRef`` and ``startTime``."""
+    containers: list[RawObject]
+    """Each container's ``name`` and ``startTime`` (while running), in its statuses' order."""
+
+
+def summary_texts(pod: RawObject) -> SummaryTexts:
+    """What the Summary API says of ``pod`` but its usage. Pure."""
+    meta, status = pod["metadata"], pod.get("status") or {}
+    head: RawObject = {
+        "podRef": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid")}
+    }
+    if status.get("startTime"):
+        head["startTime"] = status["startTime"]
+    containers = []
+    for cs in status.get("containerStatuses") or ():
+        started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
+        containers.append({"name": cs["name"], **({"startTime": started} if started else {})})
+    return SummaryTexts(head, containers)
+
+
+def stats_summary(
+    node_name: str,
+    started: datetime.datetime | float,
+    pods: Iterable[PodLike],
+    measured: Iterable[Measured],
+    node: Measured | None,
+    texts: PodTexts[SummaryTexts] | None = None,
+) -> RawObject:
+    """The Summary API (``/stats/summary``) of the node ``node_name`` (its process ``started``)
+    and its ``pods``: identities and start times, and CPU and memory where the
+    provider measured a container (``measured``), a pod's its containers' added up, the node's
+    (``node``). Pure but for ``texts``, the pods' parts kept from the last scrape (none: all
+    made anew); OpenTelemetry's kubeletstats receiver reads this every 10 s by default."""
+    by_container = {(m.namespace, m.pod, m.container): m for m in measured}
+    pod_stats = []
+    for (namespace, name), (_, found) in (
+        (texts if texts is not None else PodTexts(summary_texts)).scrape(pods).items()
+    ):
+        containers, ours = [], []
+        usage: dict[str, Any] = {}
+        for entry in found.containers:
+            if (m := by_container.get((namespace, name, entry["name"]))) is not None:
+                usage = summary_usage(m)
+                entry = {**entry, **usage}
+                ours.append(m)
+            containers.append(entry)
+        stats = {**found.head, "containers": containers}
+        if len(ours) > 1 and (total := pod_total(ours)) is not None:
+            usage = summary_usage(total)
+        stats.update(usage)  # one container measured: the pod's figures are its
+        pod_stats.append(stats)
+    node_stats: RawObject = {"nodeName": node_name, "startTime": rfc3339(started), "systemContainers": []}
+    if node is not None:
+        node_stats.update(summary_usage(node))
+    return {"node": node_stats, "pods": pod_stats}
 
 
 def pod_total(measured: Iterable[Measured]) -> Measured | None:

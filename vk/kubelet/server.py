@@ -32,6 +32,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import orjson
 from aiohttp import web
 
 from kube.clients import KubeClient
@@ -39,7 +40,6 @@ from kube.errors import KubeError
 from kube.informers import Stored
 from kube.metrics import render
 from kube.objects import ObjectKey, RawObject, Resource
-from kube.times import rfc3339
 
 from ..forge.kubeletmetrics import kubelet_metrics, pod_states
 from ..forge.usage import (
@@ -52,10 +52,10 @@ from ..forge.usage import (
     cadvisor_texts,
     measure,
     pod_refs,
-    pod_total,
     resource_metrics,
     resource_texts,
-    summary_usage,
+    stats_summary,
+    summary_texts,
     twin_usage,
 )
 from .auth import Authenticator, auth_middleware
@@ -302,6 +302,7 @@ class Usage:
         self.resource_texts = PodTexts(resource_texts)
         self.cadvisor_texts = PodTexts(cadvisor_texts)
         self.pod_states = PodTexts(pod_states)
+        self.summary_texts = PodTexts(summary_texts)
         self.failed: str | None = None
         self.timeout = timeout
 
@@ -344,42 +345,14 @@ class Usage:
 USAGE = web.AppKey("kubelet_usage", Usage)
 
 
-async def stats_summary(request: web.Request) -> web.Response:
+async def summary(request: web.Request) -> web.Response:
     """The Summary API's shape: identities and start times, and CPU and memory where the
-    provider's metrics API measured the twin (:mod:`vk.forge.usage`)."""
-    ctx = request.app[CONTEXT]
-    local = _local_pods(ctx)
-    measured, node = await request.app[USAGE].read(ctx, local)
-    by_container = {(m.namespace, m.pod, m.container): m for m in measured}
-    pod_stats = []
-    for pod in local:
-        meta, status = pod["metadata"], pod.get("status") or {}
-        containers = []
-        ours = []
-        for cs in status.get("containerStatuses") or ():
-            started = ((cs.get("state") or {}).get("running") or {}).get("startedAt")
-            entry = {"name": cs["name"], **({"startTime": started} if started else {})}
-            if (m := by_container.get((meta.get("namespace"), meta["name"], cs["name"]))) is not None:
-                entry.update(summary_usage(m))
-                ours.append(m)
-            containers.append(entry)
-        stats: RawObject = {
-            "podRef": {"name": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-            "containers": containers,
-        }
-        if status.get("startTime"):
-            stats["startTime"] = status["startTime"]
-        if (total := pod_total(ours)) is not None:
-            stats.update(summary_usage(total))
-        pod_stats.append(stats)
-    node_stats: RawObject = {
-        "nodeName": ctx.node_name,
-        "startTime": rfc3339(ctx.started),
-        "systemContainers": [],
-    }
-    if node is not None:
-        node_stats.update(summary_usage(node))
-    return web.json_response({"node": node_stats, "pods": pod_stats})
+    provider's metrics API measured the twin (:func:`vk.forge.usage.stats_summary`)."""
+    ctx, usage = request.app[CONTEXT], request.app[USAGE]
+    local = local_refs(ctx)
+    measured, node = await usage.read(ctx, local)
+    found = stats_summary(ctx.node_name, ctx.started, local, measured, node, usage.summary_texts)
+    return web.Response(body=orjson.dumps(found), content_type="application/json")
 
 
 async def _measured(request: web.Request) -> tuple[list[PodRef], list[Measured], Measured | None, bool]:
@@ -440,7 +413,7 @@ def make_app(ctx: KubeletContext, authn: Authenticator) -> web.Application:
     r.add_get("/pods", pods)
     r.add_get("/pods/", pods)
     r.add_get("/runningpods/", running_pods)
-    r.add_get("/stats/summary", stats_summary)
+    r.add_get("/stats/summary", summary)
     r.add_get("/metrics/resource", metrics_resource)
     r.add_get("/metrics/cadvisor", metrics_cadvisor)
     r.add_get("/metrics/probes", probe_metrics)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from bench.kubelet_scrape import agree, library_cadvisor, pod, pod_metrics, run, samples
+from bench.kubelet_scrape import agree, library_cadvisor, pod, pod_metrics, run, same_json, samples
 from vk.forge.usage import CpuCounters, cadvisor_metrics, container_usage, measure
 
 
 def test_the_bench_times_both_ways_of_each_path_and_they_agree() -> None:
     lines = run(32, 1)
-    assert [line.split(":")[0] for line in lines] == ["N=32 /metrics/resource", "N=32 /metrics/cadvisor"]
-    assert all("prometheus_client" in line and "% of a core" in line for line in lines), lines
+    assert [line.split(":")[0] for line in lines] == [
+        "N=32 /metrics/resource",
+        "N=32 /metrics/cadvisor",
+        "N=32 /stats/summary",
+    ]
+    assert all("ms of CPU per scrape" in line and "% of a core" in line for line in lines), lines
 
 
 def test_a_sample_the_two_texts_differ_on_is_seen() -> None:
@@ -23,3 +27,8 @@ def test_a_sample_the_two_texts_differ_on_is_seen() -> None:
     key = next(k for k in off if k[0] == "container_memory_working_set_bytes")
     off[key] += 1
     assert not agree(ours, off)
+
+
+def test_two_summaries_differ_where_their_json_does() -> None:
+    assert same_json('{"a": [1, {"b": 2}]}', '{"a":[1,{"b":2}]}')
+    assert not same_json('{"a": [1, {"b": 2}]}', '{"a":[1,{"b":3}]}')

@@ -28,6 +28,8 @@ from vk.forge.usage import (
     measure,
     resource_metrics,
     resource_texts,
+    stats_summary,
+    summary_texts,
     summary_usage,
 )
 
@@ -339,3 +341,52 @@ def test_kept_texts_are_made_again_for_a_pod_that_changed_and_dropped_for_one_go
     pod["status"]["containerStatuses"][0]["containerID"] = "containerd://def456"
     text = cadvisor_metrics([pod], [], False, kept_cadvisor)
     assert "podu1/def456" in text and "abc123" not in text, text
+
+
+def test_the_summary_api_adds_up_each_pod_and_keeps_what_changes_only_with_it() -> None:
+    """``/stats/summary`` (OpenTelemetry's kubeletstats receiver, every 10 s): each container's
+    start time and usage, a pod's its containers' added up, one not measured without usage;
+    with the pods' parts kept between scrapes, a pod that changed is told as it is now, and
+    a scrape's usage never leaks into the next (the kept parts are not written to)."""
+    trainer = consumer_pod("trainer", "u1")
+    trainer["metadata"]["resourceVersion"] = "7"
+    trainer["status"]["startTime"] = "2026-11-28T09:58:59Z"
+    trainer["status"]["containerStatuses"].append({"name": "side", "state": {"waiting": {}}})
+    other = consumer_pod("other", "u2")
+    other["metadata"]["resourceVersion"] = "8"
+    kept, counters = PodTexts(summary_texts), CpuCounters()
+
+    def scrape(pods: list[RawObject], at: str, cpu: str | None) -> RawObject:
+        measured_here = {"main": (cpu, "1Gi")} if cpu else {}
+        usage = {"u1": container_usage(pod_metrics("trainer", at, "10s", **measured_here))}
+        measured, node = measure(pods, usage, counters)
+        found = stats_summary("gpuferry-farm", T0 - 60, pods, measured, node, kept)
+        assert found == stats_summary("gpuferry-farm", T0 - 60, pods, measured, node), "kept parts differ"
+        return found
+
+    first = scrape([trainer, other], "2026-11-28T10:00:00Z", "2")
+    frozen = copy.deepcopy(first)
+    assert (
+        first["node"]["nodeName"] == "gpuferry-farm" and first["node"]["startTime"] == "2026-11-28T09:59:00Z"
+    )
+    pods = {p["podRef"]["name"]: p for p in first["pods"]}
+    assert pods["trainer"]["podRef"] == {"name": "trainer", "namespace": "ml", "uid": "u1"}
+    assert pods["trainer"]["startTime"] == "2026-11-28T09:58:59Z"
+    main, side = pods["trainer"]["containers"]
+    assert main["startTime"] == "2026-11-28T09:59:00Z" and main["cpu"]["usageNanoCores"] == 2_000_000_000
+    assert side == {"name": "side"}  # waiting, not measured: neither a start time nor usage
+    assert pods["trainer"]["memory"]["workingSetBytes"] == 2**30
+    assert "cpu" not in pods["other"] and "cpu" not in pods["other"]["containers"][0]
+    # the provider measured it again, then not at all: no usage left from the scrape before
+    again = scrape([trainer, other], "2026-11-28T10:00:10Z", "500m")
+    assert again["pods"][0]["containers"][0]["cpu"]["usageNanoCores"] == 500_000_000
+    unmeasured = scrape([trainer, other], "2026-11-28T10:00:20Z", None)
+    assert "cpu" not in unmeasured["pods"][0]["containers"][0] and "cpu" not in unmeasured["pods"][0]
+    restarted = copy.deepcopy(trainer)
+    restarted["metadata"]["resourceVersion"] = "9"
+    restarted["status"]["containerStatuses"][1]["state"] = {"running": {"startedAt": "2026-11-28T10:00:05Z"}}
+    second = scrape([restarted, other], "2026-11-28T10:00:30Z", "250m")
+    (trainer_now,) = (p for p in second["pods"] if p["podRef"]["name"] == "trainer")
+    assert trainer_now["containers"][1] == {"name": "side", "startTime": "2026-11-28T10:00:05Z"}
+    assert trainer_now["cpu"]["usageNanoCores"] == 250_000_000
+    assert first == frozen  # the first scrape's answer, untouched by the second
