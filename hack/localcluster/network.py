@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .spec import ClusterSpec
+from .spec import PROFILE_INDEX, ClusterSpec
 
 __all__ = [
     "DECLARATION",
@@ -52,9 +52,6 @@ __all__ = [
 
 DECLARATION = ("kube-system", "gpuferry-network")
 GATEWAY_IP = "10.244.0.2"
-# the third octet of a profile's WAN, 172.31.<p>.0/24: the host joins every profile's WAN, so
-# two profiles (the demo and the tests) must not share a subnet
-_WAN_OCTET = {"test": 0, "demo": 1, "scratch": 2, "dev1": 3, "dev2": 4}
 _HOSTS = {"consumer": 1, "provider": 2, "provider-b": 3}
 HOST_OCTET = 254
 NODE_NFT_TABLE = "gpuferry-node"
@@ -84,7 +81,7 @@ class LocalNetwork:
 def local_network(spec: ClusterSpec) -> LocalNetwork:
     """The names and addresses of a cluster's local network. Pure."""
     profile = spec.run_dir.parent.name
-    prefix = f"172.31.{_WAN_OCTET.get(profile, 9)}"
+    prefix = f"172.31.{PROFILE_INDEX.get(profile, 9)}"  # each profile's own WAN
     host = _HOSTS.get(spec.name, 9)
     return LocalNetwork(
         netns=f"gf-{profile}-{spec.name}",
@@ -239,10 +236,9 @@ def _setup_node(net: LocalNetwork, pod_cidr: str) -> None:
                          timeout=20)  # fmt: skip
     if nft.returncode:
         raise NetworkFailed(f"nft on the host exited {nft.returncode}: {nft.stderr.strip()}")
-    # Profiles share the nodes' pod ranges (every profile's consumer node has 10.244.10.0/24): the
-    # first profile up owns the route, another one's control plane does not reach its pods.
-    if not _ip("route", "show", pod_cidr).stdout.strip():
-        _ip("route", "add", pod_cidr, "via", net.node_address, "dev", net.host_link)
+    # each profile's real nodes have pod ranges of their own (spec.real_node_cidr): the route is
+    # this node's alone, whatever another profile up at the same time routes
+    _ip("route", "replace", pod_cidr, "via", net.node_address, "dev", net.host_link)
 
 
 def host_nft_table(net: LocalNetwork) -> str:

@@ -185,6 +185,20 @@ class ClusterSpec:
         return f"https://127.0.0.1:{self.ports.apiserver}"
 
 
+PROFILE_INDEX = {"test": 0, "demo": 1, "scratch": 2, "dev1": 3, "dev2": 4}
+"""Each profile's number: its WAN is 172.31.<n>.0/24 and its real nodes' pod ranges are
+10.244.<10 h + 50 n>.0/24 (h: consumer 1, provider 2, provider-b 3). The host joins every
+profile's WAN and routes each real node's range to it, so two profiles up at once (the demo and
+the tests, or dev1 and dev2 side by side) must not share either."""
+
+
+def real_node_cidr(profile: str, host: int) -> str:
+    """The pod range of the real node of a profile's cluster (``host``: consumer 1, provider 2,
+    provider-b 3): inside the clusters' 10.244.0.0/16, apart from the kwok nodes' (10.244.1 to
+    10.244.17) and from every other profile's real nodes. Pure."""
+    return f"10.244.{10 * host + 50 * PROFILE_INDEX[profile]}.0/24"
+
+
 PROFILE_PORT_BASES: dict[str, dict[str, int]] = {
     "demo": {"consumer": 16100, "provider": 16200},
     "test": {"consumer": 17100, "provider": 17200},
@@ -385,7 +399,7 @@ def second_provider_spec(profile: str, run_root: Path | None = None) -> ClusterS
         pod_cidr="10.244.0.0/16",
         nodes=second_provider_nodes(),
         run_dir=root / "provider-b",
-        real_node=RealNodeSpec(name="real-0", pod_cidr="10.244.30.0/24"),
+        real_node=RealNodeSpec(name="real-0", pod_cidr=real_node_cidr(profile, 3)),
     )
 
 
@@ -427,7 +441,7 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
             pod_cidr="10.244.0.0/16",
             nodes=consumer_nodes(),
             run_dir=root / "consumer",
-            real_node=RealNodeSpec(name="real-0", pod_cidr="10.244.10.0/24"),
+            real_node=RealNodeSpec(name="real-0", pod_cidr=real_node_cidr(profile, 1)),
             profiling=profiling,
         ),
         "provider": ClusterSpec(
@@ -439,7 +453,7 @@ def cluster_specs(profile: str, run_root: Path | None = None) -> dict[str, Clust
             nodes=provider_nodes(),
             run_dir=root / "provider",
             real_node=RealNodeSpec(
-                name="real-0", pod_cidr="10.244.20.0/24", gpus=2,
+                name="real-0", pod_cidr=real_node_cidr(profile, 2), gpus=2,
                 gpu_labels={**T4_LABELS, "nvidia.com/gpu.count": "2"},
             ),
             profiling=profiling,

@@ -54,6 +54,17 @@ def test_every_cluster_has_a_real_node_on_a_range_no_simulated_node_uses(tmp_pat
         assert ipaddress.ip_address("10.244.0.2") not in real  # the gateway's pod IP
 
 
+def test_no_two_real_nodes_of_any_profiles_share_a_pod_range(tmp_path: Path) -> None:
+    """The host routes each real node's pod range to it (a control plane reaches its node's
+    pods: a kubelet API, a webhook served from a pod); two profiles up at once, the demo and the
+    tests, each reach their own only if no range is routed twice (2026-11-28: with the demo up,
+    the tests' kubectl logs through a virtual kubelet's pod hung until the test timed out)."""
+    ranges = [ipaddress.ip_network(s.real_node.pod_cidr) for s in _all_specs(tmp_path) if s.real_node]
+    assert len(ranges) == 3 * len(PROFILE_PORT_BASES)
+    for i, one in enumerate(ranges):
+        assert not any(one.overlaps(other) for other in ranges[i + 1 :]), one
+
+
 def test_profiles_have_their_own_wan_and_names_fit_the_kernel(tmp_path: Path) -> None:
     specs = _all_specs(tmp_path)
     wans: dict[str, str] = {}
