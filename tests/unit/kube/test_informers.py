@@ -16,7 +16,7 @@ from kube.clients import KubeClient
 from kube.informers import Change, Informer, drop_noise
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
-from kube.watching import WatchEvent
+from kube.watching import Listed, WatchEvent
 
 from .fakeapi import NS, FakeApi, Pause, configmap, error_event, event
 
@@ -237,3 +237,28 @@ def test_a_compact_store_gives_back_objects_unlike_the_first() -> None:
     informer._apply(WatchEvent("MODIFIED", configmap("first", 5)))  # the dictionary outlives its object
     for obj in [*odd, configmap("first", 5)]:
         assert informer.get(ObjectKey.of(obj)) == drop_noise(obj)
+
+
+def test_identity_tells_what_is_stored_under_a_key_without_decoding_it() -> None:
+    """The UID, resourceVersion and own key of what is filed under a key (a twin under its
+    consumer pod's key), read without decoding a compact store's bytes; none once it is gone,
+    whether deleted, written over by another object or dropped at a relist."""
+    filed = {"twin-a": ObjectKey("ml", "a"), "twin-b": ObjectKey("ml", "b")}
+    informer = Informer(None, CONFIGMAPS, compact=True, decoded=1,  # type: ignore[arg-type]
+                        key_of=lambda obj: filed.get(obj["metadata"]["name"]))  # fmt: skip
+    a, b = configmap("twin-a", 100), configmap("twin-b", 101)
+    informer._apply(WatchEvent("ADDED", a))
+    informer._apply(WatchEvent("ADDED", b))  # a is bytes now
+    assert isinstance(informer._store[ObjectKey("ml", "a")], bytes)
+    assert informer.identity(ObjectKey("ml", "a")) == ("uid-twin-a", "100", ObjectKey(NS, "twin-a"))
+    assert informer.identity(ObjectKey("ml", "b")).own == ObjectKey(NS, "twin-b")  # type: ignore[union-attr]
+    assert list(informer._decoded) == [ObjectKey("ml", "b")]  # a was not decoded (a get() would have)
+    assert informer.identity(ObjectKey(NS, "twin-a")) is None  # filed under the consumer key only
+    informer._apply(WatchEvent("MODIFIED", configmap("twin-a", 102)))
+    assert informer.identity(ObjectKey("ml", "a")).version == "102"  # type: ignore[union-attr]
+    informer._apply(WatchEvent("DELETED", configmap("twin-a", 103)))
+    assert informer.identity(ObjectKey("ml", "a")) is None
+    informer.put_written(configmap("twin-a", 104))
+    assert informer.identity(ObjectKey("ml", "a")) == ("uid-twin-a", "104", ObjectKey(NS, "twin-a"))
+    informer._relisted(Listed("105", frozenset({ObjectKey(NS, "twin-a")})))
+    assert informer.identity(ObjectKey("ml", "b")) is None
