@@ -190,7 +190,8 @@ def read(
     list decoded, each twin's usage read, the counters advanced."""
     refs = local_refs(ctx)
     usage, failures = twin_usage(twin_names(ctx, refs), {TWINS: orjson.loads(body)})
-    assert not failures, failures[:3]
+    if failures:  # the bench's own PodMetrics: a bug here, said in a line, not a traceback
+        raise SystemExit(f"bench.kubelet_scrape: the provider's list was not read: {'; '.join(failures[:3])}")
     return refs, *measure(refs, usage, counters)
 
 
