@@ -62,7 +62,7 @@ from vk.forge.usage import (
     summary_texts,
     twin_usage,
 )
-from vk.kubelet.server import KubeletContext, local_refs, twin_names
+from vk.kubelet.server import KubeletContext, Usage
 from vk.reflection.informers import consumer_key
 
 IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
@@ -180,19 +180,21 @@ def stores(n: int) -> KubeletContext:
     started = datetime.datetime.now(datetime.UTC)
     return KubeletContext(node_name="gpuferry-farm", provider=cast(KubeClient, None), local_pod=local.get,
                           twin_pod=twins.get, local_keys=local.keys, local_identity=local.identity,
-                          twin_identity=twins.identity, started=started)  # fmt: skip
+                          twin_identity=twins.identity, started=started,
+                          changes=lambda: (local.changes(), twins.changes()))  # fmt: skip
 
 
 def read(
-    ctx: KubeletContext, body: bytes, counters: CpuCounters
-) -> tuple[list[PodRef], list[Measured], Measured | None]:
-    """What a scrape does once the list is in, up to the text: the pods from the stores, the
+    ctx: KubeletContext, body: bytes, counters: CpuCounters, kept: Usage | None
+) -> tuple[tuple[PodRef, ...], list[Measured], Measured | None]:
+    """What a scrape does once the list is in, up to the text: the pods from the stores (those
+    of the last scrape, ``kept``'s, while the stores did not change; read anew without it), the
     list decoded, each twin's usage read, the counters advanced."""
-    refs = local_refs(ctx)
-    usage, failures = twin_usage(twin_names(ctx, refs), {TWINS: orjson.loads(body)})
+    pods = (kept or Usage()).pods(ctx)
+    usage, failures = twin_usage(pods.twins, {TWINS: orjson.loads(body)})
     if failures:  # the bench's own PodMetrics: a bug here, said in a line, not a traceback
         raise SystemExit(f"bench.kubelet_scrape: the provider's list was not read: {'; '.join(failures[:3])}")
-    return refs, *measure(refs, usage, counters)
+    return pods.refs, *measure(pods.refs, usage, counters)
 
 
 def decoded(refs: list[PodRef]) -> list[RawObject]:
@@ -380,33 +382,34 @@ def paths(n: int) -> list[Path]:
     ctx = stores(n)
     body = listed(n)
     counters = CpuCounters()
-    refs, measured, node = read(ctx, body, counters)
+    refs, measured, node = read(ctx, body, counters, None)
     pods = decoded(refs)
+    kept_pods = {route: Usage() for route in ("resource", "cadvisor", "summary")}
     kept_resource, kept_cadvisor = PodTexts(resource_texts), PodTexts(cadvisor_texts)
     kept_summary = PodTexts(summary_texts)
 
     def resource(kept: PodTexts[ResourceTexts] | None) -> str:
-        refs, measured, node = read(ctx, body, counters)
+        refs, measured, node = read(ctx, body, counters, kept_pods["resource"] if kept else None)
         return resource_metrics(refs, measured, node, False, kept)
 
     def cadvisor(kept: PodTexts[CadvisorTexts] | None) -> str:
-        refs, measured, _ = read(ctx, body, counters)
+        refs, measured, _ = read(ctx, body, counters, kept_pods["cadvisor"] if kept else None)
         return cadvisor_metrics(refs, measured, False, kept)
 
     def summary(kept: PodTexts[SummaryTexts] | None) -> str:
-        refs, measured, node = read(ctx, body, counters)
+        refs, measured, node = read(ctx, body, counters, kept_pods["summary"] if kept else None)
         return orjson.dumps(stats_summary(ctx.node_name, ctx.started, refs, measured, node, kept)).decode()
 
     def resource_library() -> bytes:
-        refs, measured, node = read(ctx, body, counters)
+        refs, measured, node = read(ctx, body, counters, None)
         return library_resource(decoded(refs), measured, node)
 
     def cadvisor_library() -> bytes:
-        refs, measured, _ = read(ctx, body, counters)
+        refs, measured, _ = read(ctx, body, counters, None)
         return library_cadvisor(decoded(refs), measured)
 
     def summary_decoded() -> str:
-        refs, measured, node = read(ctx, body, counters)
+        refs, measured, node = read(ctx, body, counters, None)
         return json.dumps(stats_summary(ctx.node_name, ctx.started, decoded(refs), measured, node))
 
     library = "prometheus_client"

@@ -186,6 +186,8 @@ class Informer:
         self._uids: dict[ObjectKey, Stored] = {}
         """Filed key -> the stored object's UID, resourceVersion and own key, read without
         decoding it (and kept whatever the projection drops)."""
+        self._changes = 0
+        """How many times the store changed (an object put or dropped): see :meth:`changes`."""
         self._handlers: list[Callable[[Change], None]] = []
         self._event_handlers: list[Callable[[WatchEvent | Listed], None]] = []
         self.synced = asyncio.Event()
@@ -219,11 +221,13 @@ class Informer:
                 self._store[cold_key] = self._packer.pack(cold)
 
     def _put(self, key: ObjectKey, obj: RawObject) -> None:
+        self._changes += 1
         self._store[key] = obj
         if self.compact:
             self._remember(key, obj)
 
     def _drop(self, key: ObjectKey) -> RawObject | bytes | None:
+        self._changes += 1
         if self.compact:
             decoded = self._decoded.pop(key, None)
             stored = self._store.pop(key, None)
@@ -232,6 +236,12 @@ class Informer:
 
     def keys(self) -> list[ObjectKey]:
         return list(self._store)
+
+    def changes(self) -> int:
+        """A count that grows with every change of the store (also :meth:`put_written`'s), and
+        only then: a reader that made something of every object (the kubelet API's list of the
+        node's pods) keeps it while the count is the same."""
+        return self._changes
 
     def resource_version(self, key: ObjectKey) -> str | None:
         """The ``resourceVersion`` of the object stored under ``key`` (no decoding)."""

@@ -319,11 +319,16 @@ class PodTexts(Generic[T]):
     start times), made by ``make`` once per version of the pod (its UID and resourceVersion)
     and kept for the next scrape; those of pods a scrape no longer lists are dropped. A scrape
     of 10,000 pods, none of which changed, makes none. A pod without a UID or resourceVersion
-    gets its texts made each time."""
+    gets its texts made each time.
+
+    A tuple of :class:`PodRef` given again (the same object), as the kubelet API gives the
+    node's pods while its stores do not change, is answered with the last scrape's answer: its
+    refs hold the same UIDs and versions, and the stores the same pods."""
 
     def __init__(self, make: Callable[[RawObject], T]) -> None:
         self._make = make
         self._held: dict[str, tuple[str | None, T]] = {}
+        self._last: tuple[tuple[PodRef, ...], dict[tuple[str, str], tuple[PodRef, T]]] | None = None
 
     def __len__(self) -> int:
         """How many pods' texts are kept."""
@@ -331,7 +336,10 @@ class PodTexts(Generic[T]):
 
     def scrape(self, pods: Iterable[PodLike]) -> dict[tuple[str, str], tuple[PodRef, T]]:
         """Each of ``pods`` and its texts, by namespace and name (a pod gone before it could be
-        loaded is left out)."""
+        loaded is left out). Not to be changed: it may be given again."""
+        last = self._last
+        if last is not None and last[0] is pods:
+            return last[1]
         held: dict[str, tuple[str | None, T]] = self._held
         kept: dict[str, tuple[str | None, T]] = {}
         found = {}
@@ -346,6 +354,7 @@ class PodTexts(Generic[T]):
                 kept[uid] = texts
             found[(ref.namespace, ref.name)] = (ref, texts[1])
         self._held = kept
+        self._last = (pods, found) if isinstance(pods, tuple) else None
         return found
 
 

@@ -76,6 +76,9 @@ class TwinNamespaces:
         self.mapping: dict[str, str] = {}
         """Origin (consumer) namespace → twin namespace, for ready requests."""
         self._pods: dict[str, Informer] = {}
+        self._epoch = 0
+        """Grows with each pass over the requests, which may change :attr:`mapping` and the pod
+        informers (see :meth:`changes`)."""
         self._watches = NamespaceTasks("watch-twins")
         self._handlers: list[Callable[[Change], None]] = []
         self._namespace_handlers: list[Callable[[set[str]], None]] = []
@@ -129,6 +132,11 @@ class TwinNamespaces:
 
     def __len__(self) -> int:
         return sum(len(informer) for informer in self._pods.values())
+
+    def changes(self) -> tuple[int, tuple[int, ...]]:
+        """What changes with every change of a twin, of the origin → twin namespace map or of
+        the informers held (:meth:`kube.informers.Informer.changes`), and only then."""
+        return self._epoch, tuple(informer.changes() for informer in self._pods.values())
 
     # ---- subscribing ---------------------------------------------------------------------------
 
@@ -188,6 +196,7 @@ class TwinNamespaces:
             return
         requests = self.requests.values()
         mapping = dict(m for r in requests if (m := twin_mapping(r)) is not None)
+        self._epoch += 1
         changed = {o for o in mapping.keys() | self.mapping.keys() if mapping.get(o) != self.mapping.get(o)}
         self.mapping = mapping
         wanted = set(mapping.values())

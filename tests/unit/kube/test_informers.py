@@ -262,3 +262,39 @@ def test_identity_tells_what_is_stored_under_a_key_without_decoding_it() -> None
     assert informer.identity(ObjectKey("ml", "a")) == ("uid-twin-a", "104", ObjectKey(NS, "twin-a"))
     informer._relisted(Listed("105", frozenset({ObjectKey(NS, "twin-a")})))
     assert informer.identity(ObjectKey("ml", "b")) is None
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_changes_grow_with_every_change_of_the_store_and_with_nothing_else(compact: bool) -> None:
+    """A reader keeps what it made of the store while the count is the same: an addition, a
+    change, a deletion, a write of ours and a relist that drops an object each move it; reads,
+    a deletion of an object not held, and a relist that drops nothing do not."""
+    informer = Informer(None, CONFIGMAPS, compact=compact, decoded=1)  # type: ignore[arg-type]
+    seen = [informer.changes()]
+
+    def moved() -> bool:
+        seen.append(informer.changes())
+        return seen[-1] != seen[-2]
+
+    informer._apply(WatchEvent("ADDED", configmap("a", 1)))
+    assert moved()
+    informer._apply(WatchEvent("ADDED", configmap("b", 2)))
+    assert moved()
+    for read in (lambda: informer.get(ObjectKey(NS, "a")), informer.keys, informer.values, informer.items,
+                 lambda: informer.identity(ObjectKey(NS, "b"))):  # fmt: skip
+        read()
+        assert not moved()
+    informer._apply(WatchEvent("MODIFIED", configmap("a", 3)))
+    assert moved()
+    informer._apply(WatchEvent("DELETED", configmap("elsewhere", 4)))
+    assert not moved()
+    informer._apply(WatchEvent("DELETED", configmap("a", 5)))
+    assert moved()
+    informer.put_written(configmap("c", 6))
+    assert moved()
+    informer._relisted(Listed("7", frozenset({ObjectKey(NS, "b"), ObjectKey(NS, "c")})))
+    assert not moved()
+    informer._relisted(Listed("8", frozenset({ObjectKey(NS, "c")})))
+    assert moved()
+    assert informer.keys() == [ObjectKey(NS, "c")]
+    assert sorted(seen) == seen  # never back: a count seen before is never seen for another store
