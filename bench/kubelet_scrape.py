@@ -8,15 +8,17 @@ Synthetic and in-process: N running pods of one measured container each, as a bu
 held as the virtual kubelet holds them and their twins (compact :class:`kube.informers.Informer`
 stores, filled through ``receive`` as a watch fills them). A scrape is what the kubelet API's
 route does once the provider's PodMetrics list is in: read the pods from the stores
-(``local_refs``, ``twin_names``), decode the list's bytes (as metrics-server gives them: CPU in
-nanocores, memory in KiB) with orjson as our client does, read each twin's usage
-(``twin_usage``), advance the counters (``measure``), write the text. Not in it: the HTTPS read
+(``Usage.pods``: kept from the last scrape while neither store changed), decode the list's
+bytes (as metrics-server gives them: CPU in nanocores, memory in KiB) with orjson as our client
+does, read each twin's usage (``twin_usage``), advance the counters (``measure``), write the
+text. Not in it: the HTTPS read
 of the list and the write of the answer. Both texts are parsed back and compared first; a scrape
 is timed only where they give the same samples. Prints, per N, the CPU of one scrape each way
-(the best of ``--repeat``), ours both with the pods' texts kept from the last scrape (nothing
-changed) and made anew (every pod changed), their ratio, and what a scrape at those intervals
-costs of a core (issue 15: steady state at most 2 % of a core at 10,000 pods;
-``bench.offload``'s virtual kubelet serves no kubelet API, so its steady state has no scrape).
+(the best of ``--repeat``), ours both with the pods and their texts kept from the last scrape
+(nothing changed) and read and made anew (every pod changed), their ratio, and what a scrape
+at those intervals costs of a core (issue 15: steady state at most 2 % of a core at 10,000
+pods; ``bench.offload``'s virtual kubelet serves no kubelet API, so its steady state has no
+scrape).
 
     .venv/bin/python -m bench.kubelet_scrape --pods 1000 --pods 10000
 """
@@ -389,15 +391,15 @@ def paths(n: int) -> list[Path]:
     kept_summary = PodTexts(summary_texts)
 
     def resource(kept: PodTexts[ResourceTexts] | None) -> str:
-        refs, measured, node = read(ctx, body, counters, kept_pods["resource"] if kept else None)
+        refs, measured, node = read(ctx, body, counters, kept_pods["resource"] if kept is not None else None)
         return resource_metrics(refs, measured, node, False, kept)
 
     def cadvisor(kept: PodTexts[CadvisorTexts] | None) -> str:
-        refs, measured, _ = read(ctx, body, counters, kept_pods["cadvisor"] if kept else None)
+        refs, measured, _ = read(ctx, body, counters, kept_pods["cadvisor"] if kept is not None else None)
         return cadvisor_metrics(refs, measured, False, kept)
 
     def summary(kept: PodTexts[SummaryTexts] | None) -> str:
-        refs, measured, node = read(ctx, body, counters, kept_pods["summary"] if kept else None)
+        refs, measured, node = read(ctx, body, counters, kept_pods["summary"] if kept is not None else None)
         return orjson.dumps(stats_summary(ctx.node_name, ctx.started, refs, measured, node, kept)).decode()
 
     def resource_library() -> bytes:
