@@ -50,7 +50,7 @@ from .relay import Relay, kubeconfig_via
 from .stopping import stop
 from .test_vk_pods import held_for_capacity, pod
 from .test_vk_tenant_mode import ROLEBINDINGS, ROLES, gpu_pod, grant, offload_twin, tenant
-from .waiting import condition, wait_for
+from .waiting import condition, wait_for, wait_for_items
 
 pytestmark = pytest.mark.integration
 _ = tenant  # the scoped-identity fixture of the tenant-mode tests, used by name below
@@ -735,6 +735,56 @@ async def test_kubelet_api_authenticates_and_authorises_like_a_kubelet(
         for resource, name in ((CLUSTERROLEBINDINGS, role), (CLUSTERROLES, role)):
             with contextlib.suppress(NotFound):
                 await consumer_client.delete(resource, name)
+
+
+async def test_scrapes_follow_the_pods_that_come_and_go(
+    vk: VirtualKubelet,
+    consumer: LocalCluster,
+    consumer_client: KubeClient,
+    make_namespace: NamespaceFactory,
+) -> None:
+    """Between scrapes the kubelet API keeps its list of the node's pods while neither store
+    changes (the consumer pods', the twins'): a pod bound here, or gone, is in the next scrapes
+    all the same, through the stores of a real virtual kubelet."""
+    ns = await make_namespace(consumer_client)
+    admin = ssl.create_default_context(cafile=str(consumer.spec.pki_dir / "ca.crt"))
+    admin.load_cert_chain(consumer.spec.pki_dir / "admin.crt", consumer.spec.pki_dir / "admin.key")
+    await _wait_listening(vk.settings.node_address, vk.settings.kubelet_port, vk.task)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=admin)) as session:
+
+        async def scraped() -> tuple[list[str], list[str]]:
+            """The pods of ``ns`` in the Summary, and ``kubelet_running_pods``."""
+            async with session.get(vk.url + "/stats/summary") as resp:
+                assert resp.status == 200, await resp.text()
+                summary = await resp.json()
+            async with session.get(vk.url + "/metrics") as resp:
+                assert resp.status == 200, await resp.text()
+                running = [line for line in (await resp.text()).splitlines()
+                           if line.startswith("kubelet_running_pods ")]  # fmt: skip
+            names = sorted(p["podRef"]["name"] for p in summary["pods"] if p["podRef"]["namespace"] == ns)
+            return names, running
+
+        async def until(names: list[str], running: int) -> None:
+            seen: tuple[list[str], list[str]] | None = None
+            for _ in range(100):  # the stores follow the API server a moment later
+                seen = await scraped()
+                if seen == (names, [f"kubelet_running_pods {running}"]):
+                    return
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"scrapes show {seen}, not {names} with {running} running")
+
+        await until([], 0)
+        for name in ("first", "second"):
+            body = pod(name, 1)
+            body["spec"]["nodeName"] = vk.node
+            body["spec"]["terminationGracePeriodSeconds"] = 0
+            await create_running_on(consumer_client, body, ns, vk.node)
+        await until(["first", "second"], 2)
+        await until(["first", "second"], 2)  # asked again, nothing changed: the same
+        await consumer_client.delete(PODS, "first", ns)
+        await wait_for_items(consumer_client, PODS, lambda items: [p["metadata"]["name"] for p in items]
+                             == ["second"], namespace=ns, timeout=60)  # fmt: skip
+        await until(["second"], 1)
 
 
 async def test_serving_certificate_is_renewed_in_place(
