@@ -186,7 +186,7 @@ def stores(n: int) -> tuple[KubeletContext, Callable[[], None]]:
     ctx = KubeletContext(node_name="gpuferry-farm", provider=cast(KubeClient, None), local_pod=local.get,
                          twin_pod=twins.get, local_keys=local.keys, local_identity=local.identity,
                          twin_identity=twins.identity, started=started,
-                         changes=lambda: (local.changes(), twins.changes()))  # fmt: skip
+                         followed=(local, twins))  # fmt: skip
     touched = itertools.count()
 
     def touch() -> None:

@@ -29,9 +29,10 @@ at each change. Readers never mutate what they get, compact or not: the store sh
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple
 
@@ -89,6 +90,11 @@ class _Packer:
         inflate = zlib.decompressobj(-15, zdict=self._zdict or b"")
         obj: RawObject = orjson.loads(inflate.decompress(packed) + inflate.flush())
         return obj
+
+
+JOURNAL_MAX = 4096
+"""The most changes an informer's journal tells (:meth:`Informer.changed_since`): a reader that
+comes back after more reads everything again."""
 
 
 class Stored(NamedTuple):
@@ -188,6 +194,9 @@ class Informer:
         decoding it (and kept whatever the projection drops)."""
         self._changes = 0
         """How many times the store changed (an object put or dropped): see :meth:`changes`."""
+        self._journal: deque[ObjectKey] | None = None
+        """The keys of the last changes, one per change (see :meth:`changed_since`); kept once
+        a reader asked for them."""
         self._handlers: list[Callable[[Change], None]] = []
         self._event_handlers: list[Callable[[WatchEvent | Listed], None]] = []
         self.synced = asyncio.Event()
@@ -222,12 +231,16 @@ class Informer:
 
     def _put(self, key: ObjectKey, obj: RawObject) -> None:
         self._changes += 1
+        if self._journal is not None:
+            self._journal.append(key)
         self._store[key] = obj
         if self.compact:
             self._remember(key, obj)
 
     def _drop(self, key: ObjectKey) -> RawObject | bytes | None:
         self._changes += 1
+        if self._journal is not None:
+            self._journal.append(key)
         if self.compact:
             decoded = self._decoded.pop(key, None)
             stored = self._store.pop(key, None)
@@ -242,6 +255,19 @@ class Informer:
         only then: a reader that made something of every object (the kubelet API's list of the
         node's pods) keeps it while the count is the same."""
         return self._changes
+
+    def changed_since(self, count: int) -> set[ObjectKey] | None:
+        """The keys of the objects put or dropped since :meth:`changes` was ``count``: a reader
+        that made something of every object makes it again of these only. None where the store
+        cannot tell: more than :data:`JOURNAL_MAX` changes since, or since before the first
+        call (which starts the journal: a store no reader asks keeps none)."""
+        if self._journal is None:
+            self._journal = deque(maxlen=JOURNAL_MAX)
+            return set() if count == self._changes else None
+        since = self._changes - count
+        if since < 0 or since > len(self._journal):
+            return None
+        return set(itertools.islice(reversed(self._journal), since))
 
     def resource_version(self, key: ObjectKey) -> str | None:
         """The ``resourceVersion`` of the object stored under ``key`` (no decoding)."""

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import logging
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import orjson
 from aiohttp import web
@@ -59,6 +57,7 @@ from ..forge.usage import (
 )
 from .auth import Authenticator, auth_middleware
 from .certificates import CertificateError, ServingCertificate
+from .nodepods import FollowedStore, NodePodIndex, NodePods
 from .spdy import is_spdy, passthrough
 from .streams import EXEC_PROTOCOLS, PORTFORWARD_PROTOCOLS, provider_stream_query, relay
 
@@ -68,11 +67,6 @@ LOG_PARAMS = ("follow", "tailLines", "sinceSeconds", "sinceTime", "timestamps", 
 
 PodLookup = Callable[[ObjectKey], RawObject | None]
 IdentityLookup = Callable[[ObjectKey], Stored | None]
-
-
-def always_changed() -> Hashable:
-    """A token equal to no other: the stores are taken as changed at every scrape."""
-    return object()
 
 
 @dataclass(frozen=True)
@@ -93,9 +87,9 @@ class KubeletContext:
     started: datetime.datetime
     own_metrics: Callable[[], bytes] = render
     """The virtual kubelet's own metrics in Prometheus' text format."""
-    changes: Callable[[], Hashable] = always_changed
-    """A token that is the same only while neither store changed (the consumer pods', the
-    twins'): a scrape of a node where nothing changed reuses the last one's list of its pods."""
+    followed: tuple[FollowedStore, ...] = ()
+    """The stores that tell where they changed (the consumer pods', the twins'): a scrape reads
+    again only the pods that changed since the last one (none: every pod, every scrape)."""
 
 
 CONTEXT = web.AppKey("kubelet_context", KubeletContext)
@@ -253,16 +247,6 @@ def _local_pods(ctx: KubeletContext) -> list[RawObject]:
     return [pod for key in ctx.local_keys() if (pod := ctx.local_pod(key)) is not None]
 
 
-def local_refs(ctx: KubeletContext) -> list[PodRef]:
-    """The pods bound here, each decoded only if a scrape needs it (:class:`PodRef`)."""
-    found = []
-    for key in ctx.local_keys():
-        if (stored := ctx.local_identity(key)) is not None:
-            found.append(PodRef(str(key.namespace), key.name, stored.uid, stored.version,
-                                functools.partial(ctx.local_pod, key)))  # fmt: skip
-    return found
-
-
 async def pods(request: web.Request) -> web.Response:
     return web.json_response(_pod_list(_local_pods(request.app[CONTEXT])))
 
@@ -288,32 +272,9 @@ USAGE_READ_SECONDS = 5.0
 provider slow or away should cost the node its usage figures, not the whole scrape."""
 
 
-def twin_names(ctx: KubeletContext, refs: Iterable[PodRef]) -> dict[str, dict[str, str]]:
-    """Twin namespace -> twin name -> consumer pod UID, of the pods ``refs`` whose twin is
-    there (no twin is decoded)."""
-    twins: dict[str, dict[str, str]] = {}
-    for ref in refs:
-        twin = ctx.twin_identity(ObjectKey(ref.namespace, ref.name))
-        if twin is not None:
-            twins.setdefault(str(twin.own.namespace), {})[twin.own.name] = str(ref.uid)
-    return twins
-
-
-class NodePods(NamedTuple):
-    """The pods bound here as a scrape reads them, and the twins of those that have one."""
-
-    token: Hashable
-    """:attr:`KubeletContext.changes` when they were read."""
-    refs: tuple[PodRef, ...]
-    """A tuple, the same object while the stores do not change: :class:`PodTexts` answers one it
-    was given last time from that scrape."""
-    twins: dict[str, dict[str, str]]
-    """:func:`twin_names` of ``refs``."""
-
-
 class Usage:
-    """What the usage routes keep between scrapes: the node's pods while neither store changes,
-    the CPU counters, each path's texts of the pods (made again only for a pod that changed),
+    """What the usage routes keep between scrapes: the node's pods (read again where they
+    changed), the CPU counters, each path's texts of the pods (made again only for a pod that changed),
     and the last failure to read the provider's metrics (logged when it changes, not at every
     scrape)."""
 
@@ -325,18 +286,12 @@ class Usage:
         self.summary_texts = PodTexts(summary_texts)
         self.failed: str | None = None
         self.timeout = timeout
-        self._pods: NodePods | None = None
+        self._pods = NodePodIndex()
 
     def pods(self, ctx: KubeletContext) -> NodePods:
-        """The pods bound here and their twins, read from the stores again only if either
-        changed since the last scrape (issue 15: at 10,000 pods, reading them took a fifth of a
-        scrape of a node where nothing changed)."""
-        token = ctx.changes()
-        held = self._pods
-        if held is None or held.token != token:
-            refs = tuple(local_refs(ctx))
-            held = self._pods = NodePods(token, refs, twin_names(ctx, refs))
-        return held
+        """The pods bound here and their twins, of which only those that changed since the last
+        scrape are read again (:class:`~.nodepods.NodePodIndex`)."""
+        return self._pods.read(ctx)
 
     async def read(self, ctx: KubeletContext, pods: NodePods) -> tuple[list[Measured], Measured | None]:
         """The usage of the containers of ``pods`` that the provider's metrics API gives for

@@ -138,6 +138,20 @@ class TwinNamespaces:
         the informers held (:meth:`kube.informers.Informer.changes`), and only then."""
         return self._epoch, tuple(informer.changes() for informer in self._pods.values())
 
+    def changed_since(self, token: tuple[int, tuple[int, ...]]) -> set[ObjectKey] | None:
+        """The consumer keys of the twins changed since :meth:`changes` gave ``token`` (None:
+        the twin namespaces changed since, or a store cannot tell)."""
+        epoch, counts = token
+        if epoch != self._epoch or len(counts) != len(self._pods):
+            return None
+        found: set[ObjectKey] = set()
+        for informer, count in zip(self._pods.values(), counts, strict=True):
+            changed = informer.changed_since(count)
+            if changed is None:
+                return None
+            found |= changed
+        return found
+
     # ---- subscribing ---------------------------------------------------------------------------
 
     def add_handler(self, handler: Callable[[Change], None]) -> None:

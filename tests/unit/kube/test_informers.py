@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from kube.clients import KubeClient
-from kube.informers import Change, Informer, drop_noise
+from kube.informers import JOURNAL_MAX, Change, Informer, drop_noise
 from kube.objects import CONFIGMAPS, ObjectKey
 from kube.settings import WatchSettings
 from kube.watching import Listed, WatchEvent
@@ -298,3 +298,31 @@ def test_changes_grow_with_every_change_of_the_store_and_with_nothing_else(compa
     assert moved()
     assert informer.keys() == [ObjectKey(NS, "c")]
     assert sorted(seen) == seen  # never back: a count seen before is never seen for another store
+
+
+def test_changed_since_tells_the_keys_changed_from_the_first_time_it_is_asked() -> None:
+    """A reader that made something of every object reads again only the keys changed since;
+    None where the store cannot tell: before its journal started (the first call), or after more
+    changes than it holds."""
+    informer = Informer(None, CONFIGMAPS, compact=True, decoded=1)  # type: ignore[arg-type]
+    informer._apply(WatchEvent("ADDED", configmap("a", 1)))
+    before = informer.changes()
+    assert informer.changed_since(before - 1) is None  # before the journal started
+    assert informer.changed_since(before) == set()
+    informer._apply(WatchEvent("ADDED", configmap("b", 2)))
+    informer._apply(WatchEvent("MODIFIED", configmap("a", 3)))
+    middle = informer.changes()
+    informer.put_written(configmap("c", 4))
+    informer._apply(WatchEvent("DELETED", configmap("b", 5)))
+    a, b, c = (ObjectKey(NS, name) for name in "abc")
+    assert informer.changed_since(before) == {a, b, c}
+    assert informer.changed_since(middle) == {b, c}
+    assert informer.changed_since(informer.changes()) == set()
+    assert informer.changed_since(informer.changes() + 1) is None  # not a count of this store's
+    informer._relisted(Listed("6", frozenset({c})))
+    assert informer.changed_since(middle) == {a, b, c}
+    last = informer.changes()
+    for version in range(JOURNAL_MAX):
+        informer._apply(WatchEvent("MODIFIED", configmap("c", 10 + version)))  # a drop and a put each
+    assert informer.changed_since(last) is None  # more than the journal holds
+    assert informer.changed_since(informer.changes() - JOURNAL_MAX) == {c}

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
+import random
 from typing import Any, cast
 
 from kube.clients import KubeClient
-from kube.informers import Informer
+from kube.informers import JOURNAL_MAX, Informer
 from kube.objects import ObjectKey, RawObject
 from kube.watching import Listed, WatchEvent
 from vk.forge.labels import origin_annotations, ownership_labels
 from vk.forge.usage import PodTexts, resource_texts
+from vk.kubelet.nodepods import NodePodIndex
 from vk.kubelet.server import KubeletContext, Usage
 from vk.reflection.informers import consumer_pods, twin_pods
 from vk.reflection.twins import TwinNamespaces
@@ -45,7 +48,7 @@ def twin(of: RawObject, namespace: str, version: int) -> RawObject:
 
 
 def context(local: Informer, twins: Informer, *, with_changes: bool = True) -> KubeletContext:
-    extra: dict[str, Any] = {"changes": lambda: (local.changes(), twins.changes())} if with_changes else {}
+    extra: dict[str, Any] = {"followed": (local, twins)} if with_changes else {}
     return KubeletContext(node_name="gpuferry-farm", provider=cast(KubeClient, None), local_pod=local.get,
                           twin_pod=twins.get, local_keys=local.keys, local_identity=local.identity,
                           twin_identity=twins.identity, started=datetime.datetime.now(datetime.UTC),
@@ -144,7 +147,54 @@ async def test_a_tenants_twins_tell_a_change_of_a_twin_and_of_their_namespaces()
     assert await moved() and twins.identity(key) is not None
     twins.get(key), twins.keys(), twins.identity(key)
     assert not await moved()
+    twins.changed_since(seen[-1])  # the journal starts with the first question
     twins._pods["ml-c1"].receive(WatchEvent("MODIFIED", twin(a, "ml-c1", 101)))
-    assert await moved()
+    assert await moved() and twins.changed_since(seen[-2]) == {key}
+    assert twins.changed_since(seen[-1]) == set()
     twins.requests.receive(WatchEvent("MODIFIED", ready_request("ml", None, 3)))  # no longer ready
     assert await moved() and twins.identity(key) is None
+    assert twins.changed_since(seen[-2]) is None  # the twin namespaces changed: read everything
+
+
+def test_the_index_read_again_where_the_stores_changed_is_what_a_full_read_gives() -> None:
+    """Pods and twins come, change and go in both stores at random (relists among them); after
+    each round the index, brought up to date by the keys that changed, holds what a full read of
+    the stores gives; and a pod that did not change keeps its reference."""
+    rng = random.Random(15)
+    local = consumer_pods(cast(KubeClient, None), "gpuferry-farm")
+    twins = twin_pods(cast(KubeClient, None), CONSUMER, name="provider-twins")
+    ctx, blind = context(local, twins), context(local, twins, with_changes=False)
+    index, version = NodePodIndex(), itertools.count(100)
+    names = [f"p{i}" for i in range(40)]
+    for _ in range(60):
+        before = index.read(ctx)
+        touched: set[str] = set()
+        for _ in range(rng.randint(0, 6)):
+            name = rng.choice(names)
+            touched.add(name)
+            here = consumer_pod(name, next(version))
+            store, obj = (local, here) if rng.random() < 0.5 else (twins, twin(here, rng.choice(["t1", "t2"]),
+                                                                              next(version)))  # fmt: skip
+            kind = rng.choice(["ADDED", "MODIFIED", "DELETED"]) if rng.random() < 0.9 else "RELIST"
+            if kind == "RELIST":  # what a relist after a 410 keeps: all but this one
+                own = ObjectKey(obj["metadata"]["namespace"], name)
+                kept = frozenset(k for k in store._filed if k != own)
+                store.receive(Listed(str(next(version)), kept))
+            else:
+                store.receive(WatchEvent(kind, obj))  # type: ignore[arg-type]
+        after, full = index.read(ctx), NodePodIndex().read(blind)
+        assert sorted(r[:4] for r in after.refs) == sorted(r[:4] for r in full.refs), touched
+        assert after.twins == full.twins, touched
+        kept_refs = {ref.name: ref for ref in before.refs if ref.name not in touched}
+        assert all(kept_refs[ref.name] is ref for ref in after.refs if ref.name in kept_refs)
+        assert (after is before) == (after.token == before.token)  # the same while nothing changed
+    # more changes than a store's journal holds: everything is read again, nothing left of before
+    gone = next(ref for ref in index.read(ctx).refs)
+    local.receive(WatchEvent("DELETED", consumer_pod(gone.name, next(version))))
+    twins.receive(WatchEvent("DELETED", twin(consumer_pod(gone.name, 0), "t1", next(version))))
+    for _ in range(JOURNAL_MAX):
+        local.receive(WatchEvent("ADDED", consumer_pod("busy", next(version))))
+    after, full = index.read(ctx), NodePodIndex().read(blind)
+    assert gone.name not in {ref.name for ref in after.refs}
+    assert sorted(r[:4] for r in after.refs) == sorted(r[:4] for r in full.refs)
+    assert after.twins == full.twins
