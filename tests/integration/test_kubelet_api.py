@@ -747,44 +747,45 @@ async def test_scrapes_follow_the_pods_that_come_and_go(
     changes (the consumer pods', the twins'): a pod bound here, or gone, is in the next scrapes
     all the same, through the stores of a real virtual kubelet."""
     ns = await make_namespace(consumer_client)
+    await _wait_listening(vk.settings.node_address, vk.settings.kubelet_port, vk.task)
+    await scrapes_show(vk.url, consumer, ns, [], 0)
+    for name in ("first", "second"):
+        body = pod(name, 1)
+        body["spec"]["nodeName"] = vk.node
+        body["spec"]["terminationGracePeriodSeconds"] = 0
+        await create_running_on(consumer_client, body, ns, vk.node)
+    await scrapes_show(vk.url, consumer, ns, ["first", "second"], 2)
+    await scrapes_show(vk.url, consumer, ns, ["first", "second"], 2)  # asked again, nothing changed
+    await consumer_client.delete(PODS, "first", ns)
+    await wait_for_items(consumer_client, PODS, lambda items: [p["metadata"]["name"] for p in items]
+                         == ["second"], namespace=ns, timeout=60)  # fmt: skip
+    await scrapes_show(vk.url, consumer, ns, ["second"], 1)
+
+
+async def scrapes_show(url: str, consumer: LocalCluster, ns: str, names: list[str], running: int) -> None:
+    """Wait until the kubelet API at ``url`` shows the pods ``names`` of ``ns`` in its Summary,
+    and ``running`` pods Running on the node in ``/metrics`` (the stores follow the API server a
+    moment later), scraped as the consumer's admin."""
     admin = ssl.create_default_context(cafile=str(consumer.spec.pki_dir / "ca.crt"))
     admin.load_cert_chain(consumer.spec.pki_dir / "admin.crt", consumer.spec.pki_dir / "admin.key")
-    await _wait_listening(vk.settings.node_address, vk.settings.kubelet_port, vk.task)
+    seen: tuple[list[str], list[str]] | None = None
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=admin)) as session:
-
-        async def scraped() -> tuple[list[str], list[str]]:
-            """The pods of ``ns`` in the Summary, and ``kubelet_running_pods``."""
-            async with session.get(vk.url + "/stats/summary") as resp:
+        for _ in range(100):
+            async with session.get(url + "/stats/summary") as resp:
                 assert resp.status == 200, await resp.text()
                 summary = await resp.json()
-            async with session.get(vk.url + "/metrics") as resp:
+            async with session.get(url + "/metrics") as resp:
                 assert resp.status == 200, await resp.text()
-                running = [line for line in (await resp.text()).splitlines()
+                counted = [line for line in (await resp.text()).splitlines()
                            if line.startswith("kubelet_running_pods ")]  # fmt: skip
-            names = sorted(p["podRef"]["name"] for p in summary["pods"] if p["podRef"]["namespace"] == ns)
-            return names, running
-
-        async def until(names: list[str], running: int) -> None:
-            seen: tuple[list[str], list[str]] | None = None
-            for _ in range(100):  # the stores follow the API server a moment later
-                seen = await scraped()
-                if seen == (names, [f"kubelet_running_pods {running}"]):
-                    return
-                await asyncio.sleep(0.1)
-            raise AssertionError(f"scrapes show {seen}, not {names} with {running} running")
-
-        await until([], 0)
-        for name in ("first", "second"):
-            body = pod(name, 1)
-            body["spec"]["nodeName"] = vk.node
-            body["spec"]["terminationGracePeriodSeconds"] = 0
-            await create_running_on(consumer_client, body, ns, vk.node)
-        await until(["first", "second"], 2)
-        await until(["first", "second"], 2)  # asked again, nothing changed: the same
-        await consumer_client.delete(PODS, "first", ns)
-        await wait_for_items(consumer_client, PODS, lambda items: [p["metadata"]["name"] for p in items]
-                             == ["second"], namespace=ns, timeout=60)  # fmt: skip
-        await until(["second"], 1)
+            seen = (
+                sorted(p["podRef"]["name"] for p in summary["pods"] if p["podRef"]["namespace"] == ns),
+                counted,
+            )
+            if seen == (names, [f"kubelet_running_pods {running}"]):
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"scrapes show {seen}, not {names} with {running} running")
 
 
 async def test_serving_certificate_is_renewed_in_place(
@@ -1039,6 +1040,13 @@ async def test_logs_and_exec_with_a_scoped_tenant_identity(
                 break
             await asyncio.sleep(0.2)
         assert (rc, out) == (0, "scoped exec\n"), err
+        # the kubelet API's list of the node's pods follows the tenant's twin namespaces too
+        url = f"https://{settings.node_address}:{settings.kubelet_port}"
+        await scrapes_show(url, consumer, ns, ["scoped"], 1)
+        await consumer_client.create(PODS, gpu_pod("second", node, 1), ns)
+        await wait_for(consumer_client, PODS, "second", lambda p: p["status"].get("phase") == "Running",
+                       namespace=ns, timeout=30)  # fmt: skip
+        await scrapes_show(url, consumer, ns, ["scoped", "second"], 2)
     finally:
         await stop(task)
         for resource, name, namespace in ((NODES, node, None), (LEASES, node, "kube-node-lease")):
