@@ -274,9 +274,9 @@ provider slow or away should cost the node its usage figures, not the whole scra
 
 class Usage:
     """What the usage routes keep between scrapes: the node's pods (read again where they
-    changed), the CPU counters, each path's texts of the pods (made again only for a pod that changed),
-    and the last failure to read the provider's metrics (logged when it changes, not at every
-    scrape)."""
+    changed), the CPU counters, each path's texts of the pods (made again only for a pod that
+    changed), and the last failure to read the provider's metrics (logged when it changes, not
+    at every scrape)."""
 
     def __init__(self, timeout: float = USAGE_READ_SECONDS) -> None:
         self.counters = CpuCounters()
