@@ -8,15 +8,16 @@ Synthetic and in-process: N running pods of one measured container each, as a bu
 held as the virtual kubelet holds them and their twins (compact :class:`kube.informers.Informer`
 stores, filled through ``receive`` as a watch fills them). A scrape is what the kubelet API's
 route does once the provider's PodMetrics list is in: read the pods from the stores
-(``Usage.pods``: kept from the last scrape while neither store changed), decode the list's
+(``Usage.pods``: read again only where a store changed since the last scrape), decode the list's
 bytes (as metrics-server gives them: CPU in nanocores, memory in KiB) with orjson as our client
 does, read each twin's usage (``twin_usage``), advance the counters (``measure``), write the
-text. Not in it: the HTTPS read
-of the list and the write of the answer. Both texts are parsed back and compared first; a scrape
-is timed only where they give the same samples. Prints, per N, the CPU of one scrape each way
-(the best of ``--repeat``), ours both with the pods and their texts kept from the last scrape
-(nothing changed) and read and made anew (every pod changed), their ratio, and what a scrape
-at those intervals costs of a core (issue 15: steady state at most 2 % of a core at 10,000
+text. Not in it: the HTTPS read of the list and the write of the answer. Both texts are parsed
+back and compared first; a scrape is timed only where they give the same samples. Prints, per
+N, the CPU of one scrape each way (the best of ``--repeat``), ours with the pods and their
+texts kept from the last scrape (nothing changed), after one pod changed (the pods that changed
+read again, that pod's texts made again) and with all read and made anew (every pod changed),
+the ratio of the usual way to the first, and what a scrape at those intervals costs of a core
+with nothing changed (issue 15: steady state at most 2 % of a core at 10,000
 pods; ``bench.offload``'s virtual kubelet serves no kubelet API, so its steady state has no
 scrape).
 
@@ -459,9 +460,9 @@ def paths(n: int) -> list[Path]:
 def run(n: int, repeat: int) -> list[str]:
     """One line per path: ours and the usual way's CPU per scrape, their ratio, the share of a
     core; ours as the virtual kubelet scrapes when no pod changed (the pods and their parts kept
-    from the last scrape), when one did (the pods read again, that pod's parts made again) and
-    when every pod did (all read and made anew). ``/stats/summary``'s usual
-    scraper is OpenTelemetry's kubeletstats receiver (every 10 s by default)."""
+    from the last scrape), when one did (the pods that changed read again, that pod's parts made
+    again) and when every pod did (all read and made anew). ``/stats/summary``'s usual scraper is
+    OpenTelemetry's kubeletstats receiver (every 10 s by default)."""
     lines = []
     for path in paths(n):
         if not path.same(path.ours, path.theirs):

@@ -47,7 +47,7 @@ class NodeStores(Protocol):
 class NodePods(NamedTuple):
     """The pods bound here, and the twins of those that have one."""
 
-    token: Hashable | None
+    token: tuple[Hashable, ...] | None
     """What the followed stores told when they were read (None: nothing to tell by)."""
     refs: tuple[PodRef, ...]
     """A tuple, the same object while the stores do not change: a
@@ -56,17 +56,19 @@ class NodePods(NamedTuple):
     """Twin namespace -> twin name -> consumer pod UID."""
 
 
-def store_token(stores: Sequence[FollowedStore]) -> Hashable | None:
+def store_token(stores: Sequence[FollowedStore]) -> tuple[Hashable, ...] | None:
     """What ``stores`` tell now (None: there are none)."""
     return tuple(store.changes() for store in stores) if stores else None
 
 
-def changed_since(stores: Sequence[FollowedStore], token: Hashable | None) -> set[ObjectKey] | None:
+def changed_since(
+    stores: Sequence[FollowedStore], token: tuple[Hashable, ...] | None
+) -> set[ObjectKey] | None:
     """The keys any of ``stores`` changed since it told ``token`` (None: one cannot tell)."""
     if token is None or not stores:
         return None
     found: set[ObjectKey] = set()
-    for store, told in zip(stores, token, strict=True):  # type: ignore[call-overload]
+    for store, told in zip(stores, token, strict=True):
         changed = store.changed_since(told)
         if changed is None:
             return None
