@@ -21,7 +21,13 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, PROVIDER_LABEL, SYSTEM_NAMESPACE
+from kube.api import (
+    NODE_TYPE_LABEL,
+    NODE_TYPE_VIRTUAL_KUBELET,
+    PROVIDER_LABEL,
+    PROVIDER_UNREACHABLE_TAINT_KEY,
+    SYSTEM_NAMESPACE,
+)
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.informers import Change, Informer
@@ -42,6 +48,7 @@ from kube.objects import (
 )
 from kube.queueing import KeyedQueue
 from kube.settings import LeaderElectionSettings, ProbeSettings, QueueSettings
+from kube.watching import Listed, WatchEvent
 
 from ..admission import OFFLOADING_NAME
 from ..clusterid import CLUSTER_ID_CONFIGMAP
@@ -55,7 +62,14 @@ from .kubelets import VirtualKubeletDeployer, virtual_node_key
 from .offloadings import NamespaceOffloadingReconciler, namespace_state, selection_changed
 from .providers import ProviderClients, ProviderWatches
 
-__all__ = ["LEASE_NAME", "build_consumer", "offloadings_concerned", "peering_concerned"]
+__all__ = [
+    "LEASE_NAME",
+    "build_consumer",
+    "offloadings_concerned",
+    "offloadings_woken",
+    "peering_concerned",
+    "provider_came_back",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +108,38 @@ def offloadings_concerned(change: Change, offloadings: Iterable[RawObject]) -> l
     ]
 
 
+def provider_came_back(change: Change) -> bool:
+    """Whether a change of a virtual Node says that its provider, found unreachable, answers
+    again: its virtual kubelet took the ``provider-unreachable`` taint off. Pure."""
+    old, new = change.old, change.new
+    if change.type != "MODIFIED" or old is None or new is None:
+        return False
+    return _unreachable(old) and not _unreachable(new)
+
+
+def _unreachable(node: RawObject) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or ()
+    return any(t.get("key") == PROVIDER_UNREACHABLE_TAINT_KEY for t in taints)
+
+
+REMOTE_ANSWERS = frozenset({"Ready", "Failed"})
+"""The phases a provider gives a twin namespace request: its answer."""
+
+
+def offloadings_woken(item: WatchEvent | Listed, waiting: Iterable[ObjectKey]) -> list[ObjectKey]:
+    """The Pending offloadings (``waiting``) that a change of the consumer's twin namespace
+    requests on a provider wakes: the request of a namespace answered (Ready, Failed) or gone;
+    all of them after a (re)list of the requests, which follows the provider's coming back or
+    the watch's. A request named as its origin namespace is. Pure."""
+    if isinstance(item, Listed):
+        return list(waiting)
+    obj = item.object
+    if item.type != "DELETED" and (obj.get("status") or {}).get("phase") not in REMOTE_ANSWERS:
+        return []  # made a moment ago, not answered yet
+    key = ObjectKey(str(meta(obj).get("name")), OFFLOADING_NAME)
+    return [key] if key in set(waiting) else []
+
+
 def build_consumer(
     client: KubeClient,
     *,
@@ -128,6 +174,8 @@ def build_consumer(
     declaration = Informer(client, CONFIGMAPS, name="network-declaration", namespace=DECLARATION_NAMESPACE,
                            field_selector=f"metadata.name={DECLARATION_NAME}")  # fmt: skip
 
+    clients = ProviderClients()
+
     def peering(provider_id: str | None) -> None:
         if provider_id:
             fc_q.add(ObjectKey(None, provider_id))
@@ -136,11 +184,22 @@ def build_consumer(
         for key in foreign_clusters:
             fc_q.add(key)
 
+    offloaded = NamespaceOffloadingReconciler(
+        client, virtual_nodes=nodes, clients=clients, namespaces=namespaces
+    )
+
     def node_changed(change: Change) -> None:
         if peering_concerned(change):
             peering(labels(change.object).get(PROVIDER_LABEL))
         # which providers a namespace may use depends on their nodes' labels
         for key in offloadings_concerned(change, offloadings.values()):
+            no_q.add(key)
+        if provider_came_back(change):  # what waited for its answer asks again now
+            for key in offloaded.waiting():
+                no_q.add(key)
+
+    def remote_offloading_changed(_: str, item: WatchEvent | Listed) -> None:
+        for key in offloadings_woken(item, offloaded.waiting()):
             no_q.add(key)
 
     foreign_clusters.add_handler(lambda change: fc_q.add(change.key))
@@ -159,8 +218,7 @@ def build_consumer(
     cluster_id.add_handler(every_peering)
     declaration.add_handler(every_peering)
 
-    clients = ProviderClients()
-    watches = ProviderWatches(on_change=peering)
+    watches = ProviderWatches(on_change=peering, on_offloading=remote_offloading_changed)
     peerings = ForeignClusterReconciler(
         client,
         foreign_clusters=foreign_clusters,
@@ -170,10 +228,6 @@ def build_consumer(
         clients=clients,
         watches=watches,
     )
-    offloaded = NamespaceOffloadingReconciler(
-        client, virtual_nodes=nodes, clients=clients, namespaces=namespaces
-    )
-
     manager = Manager(
         "consumer",
         client=client,

@@ -10,6 +10,9 @@ keyed by its namespace, the controller:
    policy turns into a node affinity);
 3. asks each for the twin namespace, with the consumer's own identity on that provider (a
    NamespaceOffloading in its tenant namespace), and withdraws it from providers no longer picked;
+   while one has not answered, the offloading is Pending and is looked at again when the
+   provider's answer comes (a watch of those requests), or when a provider that was unreachable
+   answers again, at the latest after a backoff of up to a minute (:func:`pending_retry`);
 4. writes ``status``: each provider's twin namespace and phase, a phase over all of them
    (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition. Ready
    is written once a dry-run pod shows that the API server applies the policy to the namespace's
@@ -128,16 +131,19 @@ def admission_due(applied_at: float | None, now: float, resync: float = ADMISSIO
     return applied_at is None or now - applied_at >= resync
 
 
-PENDING_RETRY_MAX = 5.0
-"""The longest wait between two looks at an offloading that stays Pending (a provider that
-has not answered yet, or is down)."""
+PENDING_RETRY_MAX = 60.0
+"""The longest wait between two looks at an offloading that stays Pending: a backstop. What it
+waits for wakes it (:meth:`NamespaceOffloadingReconciler.waiting`): the provider's answer on
+its twin namespace request (the consumer agent watches its requests in its tenant namespace,
+:class:`~peering.consumer.providers.ProviderWatches`), a provider found unreachable answering
+again (its virtual node loses the ``provider-unreachable`` taint), a virtual node coming."""
 
 
 def pending_retry(passes: int) -> float:
-    """Seconds until an offloading found Pending ``passes`` times in a row is looked at again:
-    1, 2, 4, then 5 s. A request to a provider is answered within a second or two; one that is
-    down made every offloading pass every second (each pass ~9 requests on both clusters).
-    Pure."""
+    """Seconds until an offloading found Pending ``passes`` times in a row is looked at again
+    unless woken: 1, 2, 4, 8, 16, 32, then 60 s. Each pass is ~9 requests on both clusters;
+    with a cap of 5 s, a hundred offloadings held Pending by a provider that is down made 20
+    passes a second, and 20 warnings in the agent's log. Pure."""
     return min(PENDING_RETRY_MAX, 2.0 ** max(0, passes - 1))
 
 
@@ -293,6 +299,11 @@ class NamespaceOffloadingReconciler:
             return Requeue(self.resync_seconds)
         self._pending[key] = passes = self._pending.get(key, 0) + 1
         return Requeue(pending_retry(passes))
+
+    def waiting(self) -> list[ObjectKey]:
+        """The offloadings found Pending at their last pass: those a provider's answer, or its
+        coming back, wakes."""
+        return list(self._pending)
 
     def _namespace_going(self, namespace: str) -> bool:
         """Whether ``namespace`` is being deleted. Its NamespaceOffloading is released then, as

@@ -9,9 +9,12 @@ closed when the peering goes.
 :class:`ProviderWatches` follows, per provider, the consumer's own objects in its tenant namespace
 (its Tenant, its GPUSlice) and calls back on every change: the provider issuing the certificate,
 deciding or re-deciding the slice, publishing its network, all wake the ForeignCluster's
-controller within a moment. A watch outlives what is missing for a while (a 404 because the
-provider's CRDs or the object are not there yet, a 403 while RBAC is being bound): it retries
-with backoff, and ends only when the peering goes.
+controller within a moment. With ``on_offloading`` it also follows the consumer's twin namespace
+requests there (its NamespaceOffloadings, one per offloaded namespace) and hands each change,
+and each (re)list, to that callback: the provider making a twin namespace Ready wakes the
+namespace's offloading at once, not at its next look. A watch outlives what is missing for a
+while (a 404 because the provider's CRDs or the object are not there yet, a 403 while RBAC is
+being bound): it retries with backoff, and ends only when the peering goes.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import SECRETS, RawObject, Resource
 from kube.tasks import cancel_and_wait
-from kube.watching import watch_objects
+from kube.watching import Listed, WatchEvent, watch_objects
 
-from ..resources import identity_secret_name
+from ..resources import NAMESPACEOFFLOADINGS, identity_secret_name
 
 __all__ = ["ProviderClients", "ProviderWatches", "identity_data"]
 
@@ -90,8 +93,15 @@ async def identity_data(consumer: KubeClient, provider_id: str) -> dict[str, str
 class ProviderWatches:
     """One task per provider watching named objects in one namespace (see the module docstring)."""
 
-    def __init__(self, on_change: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[str], None],
+        on_offloading: Callable[[str, WatchEvent | Listed], None] | None = None,
+    ) -> None:
         self.on_change = on_change
+        self.on_offloading = on_offloading
+        """Called with the provider and each change of the twin namespace requests in the
+        tenant namespace, or their (re)list (None: not followed)."""
         self._tasks: dict[str, tuple[KubeClient, asyncio.Task[None]]] = {}
 
     def ensure(
@@ -121,7 +131,15 @@ class ProviderWatches:
             ):
                 self.on_change(provider_id)
 
-        await asyncio.gather(*(one(r, n) for r, n in objects))
+        async def requests(on_offloading: Callable[[str, WatchEvent | Listed], None]) -> None:
+            async for item in watch_objects(client, NAMESPACEOFFLOADINGS, namespace=namespace,
+                                            retry_permanent=True):  # fmt: skip
+                on_offloading(provider_id, item)
+
+        followed = [one(r, n) for r, n in objects]
+        if self.on_offloading is not None:
+            followed.append(requests(self.on_offloading))
+        await asyncio.gather(*followed)
 
     def running(self, provider_id: str) -> bool:
         found = self._tasks.get(provider_id)

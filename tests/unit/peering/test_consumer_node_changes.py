@@ -9,10 +9,16 @@ from typing import Any
 import orjson
 import pytest
 
-from kube.api import PROVIDER_LABEL
+from kube.api import PROVIDER_LABEL, PROVIDER_UNREACHABLE_TAINT_KEY
 from kube.informers import Change
 from kube.objects import ObjectKey
-from peering.consumer.app import offloadings_concerned, peering_concerned
+from kube.watching import Listed, WatchEvent
+from peering.consumer.app import (
+    offloadings_concerned,
+    offloadings_woken,
+    peering_concerned,
+    provider_came_back,
+)
 from peering.consumer.offloadings import (
     ADMISSION_RESYNC_SECONDS,
     admission_due,
@@ -98,8 +104,49 @@ def test_a_compact_old_object_is_read_too() -> None:
     assert peering_concerned(packed)
 
 
-def test_an_offloading_that_stays_pending_is_looked_at_less_and_less_often_down_to_every_5_s() -> None:
-    assert [pending_retry(n) for n in range(1, 8)] == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0]
+def test_an_offloading_that_stays_pending_is_looked_at_less_and_less_often_down_to_once_a_minute() -> None:
+    # a backstop: the provider's answer, or its coming back, wakes it (below)
+    assert [pending_retry(n) for n in range(1, 10)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+
+
+def tainted(node_: dict[str, Any], key: str = PROVIDER_UNREACHABLE_TAINT_KEY) -> dict[str, Any]:
+    return {**node_, "spec": {"taints": [{"key": key, "effect": "NoSchedule"}]}}
+
+
+def test_a_provider_that_answers_again_is_told_by_its_node_losing_the_unreachable_taint() -> None:
+    assert provider_came_back(modified(tainted(node()), node()))
+    assert not provider_came_back(modified(node(), tainted(node())))  # the other way
+    assert not provider_came_back(modified(tainted(node()), tainted(node(heartbeat="t1"))))
+    assert not provider_came_back(modified(tainted(node(), "other"), node()))
+    assert not provider_came_back(Change("ADDED", ObjectKey(None, "n"), None, node()))  # type: ignore[arg-type]
+    compact = Change("MODIFIED", ObjectKey(None, "n"), orjson.dumps(tainted(node())), node())
+    assert provider_came_back(compact)
+
+
+def request(origin: str, phase: str | None) -> dict[str, Any]:
+    """The consumer's twin namespace request on a provider, as its watch shows it."""
+    status = {"phase": phase} if phase else {}
+    return {"metadata": {"name": origin, "namespace": "gpuferry-tenant-c1"}, "status": status}
+
+
+WAITING = [ObjectKey("ml-team", "offloading"), ObjectKey("vision", "offloading")]
+
+
+def test_a_provider_answering_a_twin_namespace_request_wakes_that_offloading_only() -> None:
+    for phase in ("Ready", "Failed"):
+        item = WatchEvent("MODIFIED", request("ml-team", phase))
+        assert offloadings_woken(item, WAITING) == [ObjectKey("ml-team", "offloading")]
+    assert offloadings_woken(WatchEvent("DELETED", request("vision", None)), WAITING) == [WAITING[1]]
+    # made a moment ago and not answered yet: a pass would find it Pending again
+    assert offloadings_woken(WatchEvent("ADDED", request("ml-team", None)), WAITING) == []
+    # an offloading that is not waiting (Ready already, or not here) is not woken
+    assert offloadings_woken(WatchEvent("MODIFIED", request("other", "Ready")), WAITING) == []
+
+
+def test_a_relist_of_the_requests_wakes_every_waiting_offloading() -> None:
+    listed = Listed("7", frozenset({ObjectKey("gpuferry-tenant-c1", "ml-team")}))
+    assert offloadings_woken(listed, WAITING) == WAITING
+    assert offloadings_woken(listed, []) == []
 
 
 def test_the_admission_objects_are_applied_first_then_once_a_resync() -> None:
