@@ -25,7 +25,6 @@ from kube.api import (
     NODE_TYPE_LABEL,
     NODE_TYPE_VIRTUAL_KUBELET,
     PROVIDER_LABEL,
-    PROVIDER_UNREACHABLE_TAINT_KEY,
     SYSTEM_NAMESPACE,
 )
 from kube.clients import KubeClient
@@ -59,7 +58,12 @@ from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
 from .foreignclusters import ForeignClusterReconciler
 from .kubelets import VirtualKubeletDeployer, virtual_node_key
-from .offloadings import NamespaceOffloadingReconciler, namespace_state, selection_changed
+from .offloadings import (
+    NamespaceOffloadingReconciler,
+    namespace_state,
+    provider_unreachable,
+    selection_changed,
+)
 from .providers import ProviderClients, ProviderWatches
 
 __all__ = [
@@ -114,12 +118,7 @@ def provider_came_back(change: Change) -> bool:
     old, new = change.old, change.new
     if change.type != "MODIFIED" or old is None or new is None:
         return False
-    return _unreachable(old) and not _unreachable(new)
-
-
-def _unreachable(node: RawObject) -> bool:
-    taints = (node.get("spec") or {}).get("taints") or ()
-    return any(t.get("key") == PROVIDER_UNREACHABLE_TAINT_KEY for t in taints)
+    return provider_unreachable(old) and not provider_unreachable(new)
 
 
 REMOTE_ANSWERS = frozenset({"Ready", "Failed"})

@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kube.api import PROVIDER_LABEL, tenant_namespace
+from kube.api import PROVIDER_LABEL, PROVIDER_UNREACHABLE_TAINT_KEY, tenant_namespace
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, KubeError, NotFound, is_temporary
 from kube.informers import Informer
@@ -63,6 +63,7 @@ __all__ = [
     "NamespaceOffloadingReconciler",
     "admission_due",
     "pending_retry",
+    "provider_unreachable",
     "selected_providers",
     "selection_changed",
 ]
@@ -98,6 +99,36 @@ def selected_providers(virtual_nodes: Sequence[RawObject], selector: Mapping[str
         if provider and (not selector or _matches(labels(node), selector)):
             picked.append(provider)
     return sorted(set(picked))
+
+
+UNREACHABLE = PROVIDER_UNREACHABLE_TAINT_KEY
+
+
+def provider_unreachable(node: RawObject) -> bool:
+    """Whether a virtual node says that its provider does not answer: its virtual kubelet's
+    ``provider-unreachable`` taint. Pure."""
+    taints = (node.get("spec") or {}).get("taints") or ()
+    return any(t.get("key") == PROVIDER_UNREACHABLE_TAINT_KEY for t in taints)
+
+
+def unreachable_providers(virtual_nodes: Sequence[RawObject]) -> set[str]:
+    """The providers whose virtual node says they do not answer. Pure."""
+    return {str(labels(n).get(PROVIDER_LABEL)) for n in virtual_nodes if provider_unreachable(n)}
+
+
+def unreachable_entry(provider_id: str, current: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The status entry of a provider that does not answer, asked nothing: Pending, saying why,
+    with the twin namespace it gave before, if any (the provider's kubelets keep running the
+    twins there). Pure."""
+    entry: dict[str, Any] = {
+        "clusterID": provider_id,
+        "phase": "Pending",
+        "message": f"the provider does not answer (its virtual node has the taint {UNREACHABLE})",
+    }
+    for before in current:
+        if before.get("clusterID") == provider_id and before.get("remoteNamespace"):
+            entry["remoteNamespace"] = before["remoteNamespace"]
+    return entry
 
 
 def selection_changed(
@@ -250,9 +281,18 @@ class NamespaceOffloadingReconciler:
         await self._admission()
         spec = obj.get("spec") or {}
         selector = spec.get("clusterSelector") or None
-        providers = selected_providers(self.virtual_nodes.values(), selector)
+        nodes = self.virtual_nodes.values()
+        providers = selected_providers(nodes, selector)
+        current = (obj.get("status") or {}).get("remoteNamespaces") or []
+        # a provider that does not answer is not asked: each pass would wait on it (up to a
+        # request's timeout, holding one of the controller's few workers) and log a warning;
+        # its node losing the taint wakes the offloadings that wait (app.provider_came_back)
+        down = unreachable_providers(nodes)
         entries = []
         for provider_id in providers:
+            if provider_id in down:
+                entries.append(unreachable_entry(provider_id, current))
+                continue
             entries.append(
                 await self._twin(
                     provider_id,
@@ -261,7 +301,6 @@ class NamespaceOffloadingReconciler:
                     spec.get("namespaceMappingStrategy") or "DefaultName",
                 )
             )
-        current = (obj.get("status") or {}).get("remoteNamespaces") or []
         for gone in [e for e in current if e.get("clusterID") not in providers]:
             await self._withdraw(gone["clusterID"], consumer_id, key.namespace)
         phase = overall_phase(entries)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kube.api import PROVIDER_LABEL, PROVIDER_UNREACHABLE_TAINT_KEY
 from kube.clients import KubeClient
 from kube.errors import Forbidden, NotFound
 from kube.informers import Informer
@@ -288,3 +289,74 @@ async def test_the_offloading_controller_applies_the_admission_objects_once_a_re
     await reconciler.reconcile(key)
     with pytest.raises(NotFound):
         await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+
+
+async def test_a_provider_whose_virtual_node_says_it_does_not_answer_is_not_asked(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    """An offloading's pass asks no provider whose virtual node has the unreachable taint (each
+    such pass waited on it, up to a request's timeout, holding one of the controller's workers),
+    keeps the twin namespace it gave, and asks again once the taint is gone."""
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    key = ObjectKey(ns, OFFLOADING_NAME)
+    run = uuid.uuid4().hex[:8]
+    provider_id = f"farm-{run}"
+    taint = {"key": PROVIDER_UNREACHABLE_TAINT_KEY, "effect": "NoSchedule"}
+    # a virtual node as its virtual kubelet leaves it in an outage, seen by this test's informer only
+    node = {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": f"gpuferry-{provider_id}",
+                         "labels": {PROVIDER_LABEL: provider_id, "gpuferry.io/test-run": run}},
+            "spec": {"taints": [taint]}}  # fmt: skip
+    await consumer_client.create(NODES, node)
+    nodes = Informer(
+        consumer_client, NODES, name="virtual-nodes", label_selector=f"gpuferry.io/test-run={run}"
+    )
+    untainted = asyncio.Event()
+    nodes.add_handler(
+        lambda change: change.new and not (change.new.get("spec") or {}).get("taints") and untainted.set()
+    )
+    reconciler = NamespaceOffloadingReconciler(
+        consumer_client, virtual_nodes=nodes, clients=ProviderClients()
+    )
+    watching = asyncio.create_task(nodes.run())
+    try:
+        async with asyncio.timeout(30):
+            await nodes.synced.wait()
+        # it gave a twin namespace before the outage
+        await consumer_client.patch(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, {"status": {"remoteNamespaces": [
+            {"clusterID": provider_id, "phase": "Ready", "remoteNamespace": f"{ns}-there"}]}},
+            ns, subresource="status")  # fmt: skip
+        secrets_read = identity_reads(consumer_client)
+        await reconciler.reconcile(key)
+        status = (await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns))["status"]
+        assert status["phase"] == "Pending"
+        [entry] = status["remoteNamespaces"]
+        assert entry["phase"] == "Pending" and entry["remoteNamespace"] == f"{ns}-there"
+        assert PROVIDER_UNREACHABLE_TAINT_KEY in entry["message"]
+        assert identity_reads(consumer_client) == secrets_read  # not even its identity was read
+        assert reconciler.waiting() == [key]
+        # the provider answers again: its virtual kubelet takes the taint off, and the next pass
+        # asks it (here it finds no identity for it: a pass that did ask)
+        await consumer_client.patch(NODES, node["metadata"]["name"], {"spec": {"taints": None}})
+        async with asyncio.timeout(30):
+            await untainted.wait()
+        await reconciler.reconcile(key)
+        status = (await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns))["status"]
+        [entry] = status["remoteNamespaces"]
+        assert entry["message"] == "no identity on this provider yet"
+        assert identity_reads(consumer_client) == secrets_read + 1
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        await consumer_client.delete(NODES, node["metadata"]["name"])
+        with contextlib.suppress(NotFound):
+            await consumer_client.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+        await reconciler.reconcile(key)  # released: its finalizer goes
+
+
+def identity_reads(client: KubeClient) -> float:
+    """GETs of Secrets this process sent to ``client``'s API server (a provider's identity is one)."""
+    labels = {"verb": "get", "resource": "secrets", "server": client.server}
+    return REGISTRY.get_sample_value("gpuferry_api_requests_total", labels) or 0.0

@@ -24,6 +24,9 @@ from peering.consumer.offloadings import (
     admission_due,
     namespace_state,
     pending_retry,
+    provider_unreachable,
+    unreachable_entry,
+    unreachable_providers,
 )
 
 PROVIDER = PROVIDER_LABEL
@@ -171,3 +174,22 @@ def test_a_namespace_is_kept_as_its_identity_and_whether_it_is_going() -> None:
     assert ObjectKey.of(kept) == ObjectKey(None, "ml-team")
     full["metadata"]["deletionTimestamp"] = "2026-11-28T01:30:17Z"
     assert namespace_state(full)["metadata"]["deletionTimestamp"] == "2026-11-28T01:30:17Z"
+
+
+def test_the_providers_whose_virtual_node_says_they_do_not_answer() -> None:
+    other = {**node(), "metadata": {"name": "gpuferry-other", "labels": {PROVIDER: "other"}}}
+    assert unreachable_providers([tainted(node()), other]) == {"farm"}
+    assert unreachable_providers([tainted(node(), "other-taint"), other]) == set()
+    assert not provider_unreachable(node()) and provider_unreachable(tainted(node()))
+
+
+def test_a_provider_that_does_not_answer_keeps_the_twin_namespace_it_gave_and_says_why() -> None:
+    current = [
+        {"clusterID": "farm", "phase": "Ready", "remoteNamespace": "ml-team-farm"},
+        {"clusterID": "other", "phase": "Ready", "remoteNamespace": "ml-team-other"},
+    ]
+    entry = unreachable_entry("farm", current)
+    assert entry["clusterID"] == "farm" and entry["phase"] == "Pending"
+    assert entry["remoteNamespace"] == "ml-team-farm"
+    assert PROVIDER_UNREACHABLE_TAINT_KEY in entry["message"]
+    assert "remoteNamespace" not in unreachable_entry("farm", [])  # never answered: none to keep
