@@ -21,12 +21,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from kube.api import (
-    NODE_TYPE_LABEL,
-    NODE_TYPE_VIRTUAL_KUBELET,
-    PROVIDER_LABEL,
-    SYSTEM_NAMESPACE,
-)
+from kube.api import NODE_TYPE_LABEL, NODE_TYPE_VIRTUAL_KUBELET, PROVIDER_LABEL, SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE
 from kube.informers import Change, Informer

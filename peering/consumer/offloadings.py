@@ -48,6 +48,7 @@ from kube.objects import (
 )
 from kube.patching import patch_changes
 from kube.reconciling import Requeue
+from kube.taints import blocking_taints
 
 from ..admission import OFFLOADING_NAME, admission_objects
 from ..admissionprobe import Probe, admission_in_effect
@@ -101,14 +102,10 @@ def selected_providers(virtual_nodes: Sequence[RawObject], selector: Mapping[str
     return sorted(set(picked))
 
 
-UNREACHABLE = PROVIDER_UNREACHABLE_TAINT_KEY
-
-
 def provider_unreachable(node: RawObject) -> bool:
     """Whether a virtual node says that its provider does not answer: its virtual kubelet's
     ``provider-unreachable`` taint. Pure."""
-    taints = (node.get("spec") or {}).get("taints") or ()
-    return any(t.get("key") == PROVIDER_UNREACHABLE_TAINT_KEY for t in taints)
+    return any(t.get("key") == PROVIDER_UNREACHABLE_TAINT_KEY for t in blocking_taints(node))
 
 
 def unreachable_providers(virtual_nodes: Sequence[RawObject]) -> set[str]:
@@ -123,7 +120,8 @@ def unreachable_entry(provider_id: str, current: Sequence[Mapping[str, Any]]) ->
     entry: dict[str, Any] = {
         "clusterID": provider_id,
         "phase": "Pending",
-        "message": f"the provider does not answer (its virtual node has the taint {UNREACHABLE})",
+        "message": "the provider does not answer (its virtual node has the taint "
+        f"{PROVIDER_UNREACHABLE_TAINT_KEY})",
     }
     for before in current:
         if before.get("clusterID") == provider_id and before.get("remoteNamespace"):
