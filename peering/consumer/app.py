@@ -48,6 +48,7 @@ from ..admission import OFFLOADING_NAME
 from ..clusterid import CLUSTER_ID_CONFIGMAP
 from ..conditions import find_condition
 from ..kubeletworkload import COMPONENT, KubeletWorkloadSettings
+from ..offloadstatus import UNREACHABLE
 from ..resources import NAMESPACEOFFLOADINGS
 from ..virtualnodes import SupervisorSettings, VirtualNodeSupervisor
 from .csrs import KubeletCsrApprover
@@ -65,6 +66,7 @@ __all__ = [
     "LEASE_NAME",
     "build_consumer",
     "offloadings_concerned",
+    "offloadings_it_leaves",
     "offloadings_woken",
     "peering_concerned",
     "provider_came_back",
@@ -114,6 +116,26 @@ def provider_came_back(change: Change) -> bool:
     if change.type != "MODIFIED" or old is None or new is None:
         return False
     return provider_unreachable(old) and not provider_unreachable(new)
+
+
+def offloadings_it_leaves(change: Change, offloadings: Iterable[RawObject]) -> list[ObjectKey]:
+    """The offloadings whose status a virtual Node's change makes stale: its provider, found
+    unreachable (its virtual kubelet put the ``provider-unreachable`` taint on), has an entry
+    there not saying so yet. Their next pass says so at once, not at their resync. Pure."""
+    old, new = change.old, change.new
+    if change.type != "MODIFIED" or old is None or new is None:
+        return []
+    if provider_unreachable(old) or not provider_unreachable(new):
+        return []
+    provider = labels(new).get(PROVIDER_LABEL)
+    return [
+        ObjectKey.of(obj)
+        for obj in offloadings
+        if any(
+            e.get("clusterID") == provider and e.get("reason") != UNREACHABLE
+            for e in (obj.get("status") or {}).get("remoteNamespaces") or []
+        )
+    ]
 
 
 REMOTE_ANSWERS = frozenset({"Ready", "Failed"})
@@ -191,6 +213,8 @@ def build_consumer(
         if provider_came_back(change):  # what waited for its answer asks again now
             for key in offloaded.waiting():
                 no_q.add(key)
+        for key in offloadings_it_leaves(change, offloadings.values()):  # its status says so now
+            no_q.add(key)
 
     def remote_offloading_changed(_: str, item: WatchEvent | Listed) -> None:
         for key in offloadings_woken(item, offloaded.waiting()):

@@ -54,6 +54,7 @@ from ..admission import OFFLOADING_NAME, admission_objects
 from ..admissionprobe import Probe, admission_in_effect
 from ..clusterid import read_cluster_id
 from ..conditions import find_condition, set_condition
+from ..offloadstatus import NO_IDENTITY, REFUSED, REQUEST_FAILED, REQUESTED, UNREACHABLE, pending_message
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from .builders import FIELD_MANAGER
 from .providers import ProviderClients, identity_data
@@ -120,12 +121,20 @@ def unreachable_entry(provider_id: str, current: Sequence[Mapping[str, Any]]) ->
     entry: dict[str, Any] = {
         "clusterID": provider_id,
         "phase": "Pending",
+        "reason": UNREACHABLE,
         "message": "the provider does not answer (its virtual node has the taint "
         f"{PROVIDER_UNREACHABLE_TAINT_KEY})",
     }
+    return with_given(entry, current)
+
+
+def with_given(entry: dict[str, Any], current: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``entry`` (a provider not heard from this pass) with the twin namespace that provider gave
+    before, if any: not hearing from it says nothing of that namespace, whose twins keep running.
+    Pure."""
     for before in current:
-        if before.get("clusterID") == provider_id and before.get("remoteNamespace"):
-            entry["remoteNamespace"] = before["remoteNamespace"]
+        if before.get("clusterID") == entry["clusterID"] and before.get("remoteNamespace"):
+            return {**entry, "remoteNamespace": before["remoteNamespace"]}
     return entry
 
 
@@ -291,14 +300,10 @@ class NamespaceOffloadingReconciler:
             if provider_id in down:
                 entries.append(unreachable_entry(provider_id, current))
                 continue
-            entries.append(
-                await self._twin(
-                    provider_id,
-                    consumer_id,
-                    key.namespace,
-                    spec.get("namespaceMappingStrategy") or "DefaultName",
-                )
+            entry = await self._twin(
+                provider_id, consumer_id, key.namespace, spec.get("namespaceMappingStrategy") or "DefaultName"
             )
+            entries.append(with_given(entry, current) if entry.get("reason") == REQUEST_FAILED else entry)
         for gone in [e for e in current if e.get("clusterID") not in providers]:
             await self._withdraw(gone["clusterID"], consumer_id, key.namespace)
         phase = overall_phase(entries)
@@ -308,7 +313,7 @@ class NamespaceOffloadingReconciler:
         message = {
             "Ready": f"twin namespaces ready on {', '.join(providers)}",
             "NoClusterSelected": "no peered provider is selected",
-            "Pending": "waiting for the twin namespaces",
+            "Pending": pending_message(entries),
         }.get(phase, "; ".join(failed))
         reason = phase
         if phase == "Ready" and not _ready_at(obj):
@@ -388,10 +393,10 @@ class NamespaceOffloadingReconciler:
     async def _twin(
         self, provider_id: str, consumer_id: str | None, origin: str, mapping: str
     ) -> dict[str, Any]:
-        entry: dict[str, Any] = {"clusterID": provider_id, "phase": "Pending"}
+        entry: dict[str, Any] = {"clusterID": provider_id, "phase": "Pending", "reason": REQUESTED}
         tenant = await self._tenant(provider_id)
         if tenant is None or consumer_id is None:
-            entry["message"] = "no identity on this provider yet"
+            entry["reason"], entry["message"] = NO_IDENTITY, "no identity on this provider yet"
             return entry
         ns = tenant_namespace(consumer_id)
         body = {
@@ -408,15 +413,16 @@ class NamespaceOffloadingReconciler:
             object_logger(logger, "NamespaceOffloading", ObjectKey(origin, OFFLOADING_NAME)).warning(
                 "cannot ask %s for the twin namespace: %s", provider_id, e
             )
-            entry["message"] = str(e)
+            entry["reason"], entry["message"] = REQUEST_FAILED, str(e)
             return entry
         status = remote.get("status") or {}
         if status.get("remoteNamespace"):
             entry["remoteNamespace"] = status["remoteNamespace"]
         if status.get("phase") == "Ready" and status.get("remoteNamespace"):
             entry["phase"] = "Ready"
+            del entry["reason"]
         elif status.get("phase") == "Failed":
-            entry["phase"] = "Failed"
+            entry["phase"], entry["reason"] = "Failed", REFUSED
             cond = find_condition(status.get("conditions"), "Ready")
             entry["message"] = str((cond or {}).get("message") or "refused by the provider")
         return entry

@@ -334,6 +334,9 @@ async def test_a_provider_whose_virtual_node_says_it_does_not_answer_is_not_aske
         [entry] = status["remoteNamespaces"]
         assert entry["phase"] == "Pending" and entry["remoteNamespace"] == f"{ns}-there"
         assert PROVIDER_UNREACHABLE_TAINT_KEY in entry["message"]
+        assert entry["reason"] == "ProviderUnreachable"  # kept by the CRD's schema, for the CLI
+        [ready] = [c for c in status["conditions"] if c["type"] == "Ready"]
+        assert ready["message"].startswith(f"waiting for {provider_id}: the provider does not answer")
         assert identity_reads(consumer_client) == secrets_read  # not even its identity was read
         assert reconciler.waiting() == [key]
         # the provider answers again: its virtual kubelet takes the taint off, and the next pass
@@ -344,7 +347,7 @@ async def test_a_provider_whose_virtual_node_says_it_does_not_answer_is_not_aske
         await reconciler.reconcile(key)
         status = (await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns))["status"]
         [entry] = status["remoteNamespaces"]
-        assert entry["message"] == "no identity on this provider yet"
+        assert entry["message"] == "no identity on this provider yet" and entry["reason"] == "NoIdentity"
         assert identity_reads(consumer_client) == secrets_read + 1
     finally:
         watching.cancel()

@@ -15,6 +15,7 @@ from kube.objects import ObjectKey
 from kube.watching import Listed, WatchEvent
 from peering.consumer.app import (
     offloadings_concerned,
+    offloadings_it_leaves,
     offloadings_woken,
     peering_concerned,
     provider_came_back,
@@ -27,6 +28,7 @@ from peering.consumer.offloadings import (
     provider_unreachable,
     unreachable_entry,
     unreachable_providers,
+    with_given,
 )
 
 PROVIDER = PROVIDER_LABEL
@@ -126,6 +128,26 @@ def test_a_provider_that_answers_again_is_told_by_its_node_losing_the_unreachabl
     assert provider_came_back(compact)
 
 
+def test_a_provider_found_unreachable_wakes_the_offloadings_whose_status_does_not_say_so_yet() -> None:
+    def using(namespace: str, *entries: dict[str, Any]) -> dict[str, Any]:
+        return {**offloading(namespace), "status": {"remoteNamespaces": list(entries)}}
+
+    farm = {"clusterID": "farm", "phase": "Ready", "remoteNamespace": "x-farm"}
+    said = {"clusterID": "farm", "phase": "Pending", "reason": "ProviderUnreachable"}
+    other = {"clusterID": "other", "phase": "Ready", "remoteNamespace": "x-other"}
+    offloadings = [using("a", farm, other), using("b", other), using("c", said), offloading("d")]
+
+    def left(change: Change) -> list[str]:
+        return [str(k.namespace) for k in offloadings_it_leaves(change, offloadings)]
+
+    assert left(modified(node(), tainted(node()))) == ["a"]
+    assert left(modified(tainted(node()), node())) == []  # the other way: provider_came_back's
+    assert left(modified(tainted(node()), tainted(node(heartbeat="t1")))) == []  # still away
+    assert left(modified(node(), tainted(node(), "other"))) == []
+    assert left(Change("ADDED", ObjectKey(None, "n"), None, tainted(node()))) == []  # type: ignore[arg-type]
+    assert left(Change("MODIFIED", ObjectKey(None, "n"), orjson.dumps(node()), tainted(node()))) == ["a"]
+
+
 def request(origin: str, phase: str | None) -> dict[str, Any]:
     """The consumer's twin namespace request on a provider, as its watch shows it."""
     status = {"phase": phase} if phase else {}
@@ -190,6 +212,14 @@ def test_a_provider_that_does_not_answer_keeps_the_twin_namespace_it_gave_and_sa
     ]
     entry = unreachable_entry("farm", current)
     assert entry["clusterID"] == "farm" and entry["phase"] == "Pending"
+    assert entry["reason"] == "ProviderUnreachable"  # what the CLI reads: not waited for
     assert entry["remoteNamespace"] == "ml-team-farm"
     assert PROVIDER_UNREACHABLE_TAINT_KEY in entry["message"]
     assert "remoteNamespace" not in unreachable_entry("farm", [])  # never answered: none to keep
+
+
+def test_a_provider_not_heard_from_this_pass_keeps_the_twin_namespace_it_gave() -> None:
+    current = [{"clusterID": "farm", "phase": "Ready", "remoteNamespace": "ml-team-farm"}]
+    failed = {"clusterID": "farm", "phase": "Pending", "reason": "RequestFailed", "message": "refused"}
+    assert with_given(failed, current) == {**failed, "remoteNamespace": "ml-team-farm"}
+    assert with_given({**failed, "clusterID": "other"}, current) == {**failed, "clusterID": "other"}
