@@ -2,12 +2,16 @@
 
 Offloading a namespace on the consumer:
 
-1. installs (idempotently) the MutatingAdmissionPolicy that makes pods of offloaded namespaces
-   eligible for virtual nodes (:mod:`peering.admission`);
-2. asks every peered provider (or those given with ``--provider``) for the twin namespace,
-   with the consumer's own scoped identity (:func:`peering.flow.request_twin_namespace`);
-3. writes the namespace's ``NamespaceOffloading`` named ``offloading`` — the policy's parameter —
-   with the twin namespaces in its status.
+1. writes the namespace's ``NamespaceOffloading`` named ``offloading`` (the admission policy's
+   parameter; restricted to ``--provider`` when given);
+2. waits while the consumer agent asks each selected provider for the twin namespace and
+   applies the admission policy (:mod:`peering.consumer.offloadings`), until the offloading is
+   settled (:func:`peering.offloadstatus.offload_settled`): Ready, or Ready on some providers
+   while the others do not answer;
+3. waits until the API server applies the policy to the namespace's pods.
+
+On failure, an offloading this command created is deleted (its finalizer withdraws what was
+asked); one that was there before is left (deleting it would take its pods off the virtual nodes).
 
 Unoffloading removes the pods of the namespace that run on virtual nodes (their twins go first),
 withdraws the twin namespaces, and deletes the ``NamespaceOffloading``; pods on local nodes are
@@ -21,11 +25,17 @@ import asyncio
 import contextlib
 from typing import Any
 
-from kube.api import PROVIDER_LABEL
+from kube.api import (
+    NODE_TYPE_LABEL,
+    NODE_TYPE_VIRTUAL_KUBELET,
+    PROVIDER_LABEL,
+    PROVIDER_UNREACHABLE_TAINT_KEY,
+)
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import (
     NAMESPACES,
+    NODES,
     RawObject,
 )
 
@@ -33,8 +43,9 @@ from .. import flow
 from ..admission import OFFLOADING_NAME, admission_objects
 from ..admissionprobe import admission_in_effect
 from ..clusterid import read_cluster_id
-from ..conditions import find_condition
+from ..consumer.offloadings import unreachable_providers
 from ..crds import ensure_crds
+from ..offloadstatus import Settled, offload_settled, why_waiting
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from ..virtualnodes import VIRTUALNODES
 from ..waits import wait_until
@@ -104,20 +115,22 @@ def offloading_object(namespace: str, args: argparse.Namespace) -> RawObject:
     }
 
 
-async def _wait_offloaded(consumer: KubeClient, ns: str, generation: int, timeout: float) -> RawObject:
+async def _wait_offloaded(
+    consumer: KubeClient, ns: str, generation: int, timeout: float
+) -> tuple[RawObject, Settled]:
+    """Until the offloading is settled (:func:`peering.offloadstatus.offload_settled`): Ready,
+    or Ready on some providers while the others do not answer."""
+    outcome = Settled(False)
+    seen: RawObject | None = None
+
     def settled(obj: RawObject) -> str | None:
-        status = obj.get("status") or {}
-        cond = find_condition(status.get("conditions"), "Ready")
-        if cond is None or cond.get("observedGeneration") != generation:
+        nonlocal outcome, seen
+        seen = obj
+        found = offload_settled(obj, generation)
+        if found is None:
             return None
-        phase = status.get("phase")
-        if phase == "Ready":
-            return ""
-        if phase in ("SomeFailed", "AllFailed"):
-            return str(cond.get("message"))
-        if phase == "NoClusterSelected":
-            return "no peered provider is selected"
-        return None
+        outcome = found
+        return "" if found.ok else found.message
 
     try:
         done: RawObject = await wait_until(
@@ -129,10 +142,12 @@ async def _wait_offloaded(consumer: KubeClient, ns: str, generation: int, timeou
             timeout,
             f"the offloading of namespace {ns}",
         )
-        return done
-    except flow.PeeringError as e:
+        return done, outcome
+    except flow.PeeringError:
+        if outcome.message:  # refused, or nothing selected
+            raise UserError(f"namespace {ns} cannot be offloaded: {outcome.message}") from None
         raise UserError(
-            f"namespace {ns} cannot be offloaded: {e} (is the consumer agent running? see `gpuferry agents`)"
+            f"namespace {ns} is not offloaded after {timeout:.0f}s: {why_waiting(seen, generation)}"
         ) from None
 
 
@@ -153,6 +168,11 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         await peered_providers(consumer, args.provider)
         await ensure_crds(consumer)
         body = offloading_object(ns, args)
+        try:
+            await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+            existed = True
+        except NotFound:
+            existed = False
         obj = await consumer.patch(
             NAMESPACEOFFLOADINGS,
             OFFLOADING_NAME,
@@ -166,17 +186,29 @@ async def cmd_offload(args: argparse.Namespace) -> int:
             f"NamespaceOffloading {ns}/{OFFLOADING_NAME} applied; the consumer agent asks for twin namespaces"
         )
         try:
-            done = await _wait_offloaded(
+            done, outcome = await _wait_offloaded(
                 consumer, ns, int(obj["metadata"].get("generation") or 0), args.timeout
             )
-        except UserError:
+        except UserError as e:
+            if existed:
+                # offloaded before: deleting it now would take its pods off the virtual nodes
+                raise UserError(
+                    f"{e}; it was offloaded before and stays offloaded, as now applied: its pods "
+                    f"keep running (`gpuferry unoffload namespace {ns}` undoes it)"
+                ) from None
             # a refused offloading leaves nothing behind: its finalizer withdraws what was asked for
             with contextlib.suppress(NotFound):
                 await consumer.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
             raise
         remote = (done.get("status") or {}).get("remoteNamespaces") or []
         for entry in remote:
-            progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} ready")
+            if entry.get("phase") == "Ready":
+                progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} ready")
+        for provider in outcome.unreachable:
+            progress.note(
+                f"{provider} does not answer: its twin namespace is asked for when it answers again; "
+                "meanwhile new pods may go to the providers that answer"
+            )
         unchecked = await wait_admission_effective(consumer, ns, args.pod_offloading_strategy, args.timeout)
         if unchecked:
             progress.note(f"the offloading rule could not be checked in {ns} ({unchecked})")
@@ -190,14 +222,30 @@ async def cmd_offload(args: argparse.Namespace) -> int:
 
     def table(console: Any) -> None:
         t = fold_table(
-            ["provider", "twin namespace"], title=f"namespace {ns} offloaded ({args.pod_offloading_strategy})"
+            ["provider", "twin namespace", "state"],
+            title=f"namespace {ns} offloaded ({args.pod_offloading_strategy})",
         )
         for r in remote:
-            t.add_row(r["clusterID"], r.get("remoteNamespace", "-"))
+            state = "ready" if r.get("phase") == "Ready" else f"{r.get('phase')}: {r.get('message', '')}"
+            t.add_row(r["clusterID"], r.get("remoteNamespace", "-"), state)
         console.print(t)
 
     emit(result, args.output, table)
     return 0
+
+
+def unoffload_stuck(ns: str, timeout: float, providers: list[str], down: set[str]) -> str:
+    """Why namespace ``ns`` is still offloaded ``timeout`` s after its unoffload, given its
+    providers and those that do not answer (``down``: their virtual nodes' taint). Pure."""
+    late = f"namespace {ns} is still offloaded after {timeout:.0f}s"
+    held = [p for p in providers if p in down]
+    if not held:
+        return f"{late}: is the consumer agent running? (see `gpuferry agents`)"
+    who = f"{', '.join(held)} {'does' if len(held) == 1 else 'do'} not answer"
+    return (
+        f"{late}: {who} (taint {PROVIDER_UNREACHABLE_TAINT_KEY} on the virtual node); the namespace's "
+        "pods there, its twin namespaces and then its offloading go when they answer again"
+    )
 
 
 async def cmd_unoffload(args: argparse.Namespace) -> int:
@@ -208,15 +256,24 @@ async def cmd_unoffload(args: argparse.Namespace) -> int:
             offloading = await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
         except NotFound:
             raise UserError(f"namespace {ns} is not offloaded") from None
-        await delete_and_wait(
-            consumer, NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns, timeout=args.timeout,
-            deleted=lambda: progress.note(
-                f"NamespaceOffloading {ns}/{OFFLOADING_NAME} deleted: the consumer agent removes the "
-                "namespace's pods on virtual nodes (their twins first) and the twin namespaces"
-            ),
-            stuck=f"namespace {ns} is still offloaded after {args.timeout:.0f}s: is the consumer agent "
-            "running? (see `gpuferry agents`)",
-        )  # fmt: skip
+        try:
+            await delete_and_wait(
+                consumer, NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns, timeout=args.timeout,
+                deleted=lambda: progress.note(
+                    f"NamespaceOffloading {ns}/{OFFLOADING_NAME} deleted: the consumer agent removes the "
+                    "namespace's pods on virtual nodes (their twins first) and the twin namespaces"
+                ),
+                stuck="",
+            )  # fmt: skip
+        except UserError as e:
+            nodes = await consumer.list(
+                NODES, label_selector=f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}"
+            )
+            providers = [
+                str(r["clusterID"]) for r in (offloading.get("status") or {}).get("remoteNamespaces") or []
+            ]
+            said = unoffload_stuck(ns, args.timeout, providers, unreachable_providers(nodes["items"]))
+            raise UserError(said + str(e)) from None
         for entry in (offloading.get("status") or {}).get("remoteNamespaces") or []:
             progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} removed")
         progress.step(f"namespace {ns} no longer offloaded")
@@ -248,9 +305,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
             twin pod in the twin namespace on the provider; its status, logs and exec come back here.
 
             It waits until every twin namespace is ready and the API server applies the offloading
-            rule in NAMESPACE. Pods created before are not moved. If a provider refuses, nothing is
-            left behind and its reason is printed. Idempotent: running it again with the same flags
-            shows the state. `gpuferry unoffload namespace` undoes it.""",
+            rule in NAMESPACE. A provider that does not answer (its virtual node tainted
+            gpuferry.io/provider-unreachable) is not waited for when another is ready: it is named,
+            and gets its twin namespace when it answers again. Pods created before are not moved.
+            If a provider refuses, or nothing is ready in --timeout, the reason is printed and
+            nothing is left behind; a namespace offloaded before stays offloaded (its pods keep
+            running). Idempotent: running it again with the same flags shows the state.
+            `gpuferry unoffload namespace` undoes it.""",
             "gpuferry offload namespace ml-team --kubeconfig consumer.yaml",
             "gpuferry offload namespace ml-team --pod-offloading-strategy Remote --provider gpu-farm",
         ),
