@@ -147,7 +147,7 @@ async def _wait_offloaded(
         if outcome.message:  # refused, or nothing selected
             raise UserError(f"namespace {ns} cannot be offloaded: {outcome.message}") from None
         raise UserError(
-            f"namespace {ns} is not offloaded after {timeout:.0f}s: {why_waiting(seen, generation)}"
+            f"the offloading of namespace {ns} is not settled after {timeout:.0f}s: {why_waiting(seen, generation)}"
         ) from None
 
 

@@ -57,6 +57,12 @@ def provider_b(clusters: dict[str, LocalCluster]) -> Iterator[LocalCluster]:
     assert not failures, f"provider-b crashed: {failures}"
 
 
+async def peer(cli: Cli, kubeconfig: str, provider_id: str, *extra: str) -> None:
+    """``gpuferry peer`` of ml-eu with ``provider_id`` (reached with ``kubeconfig``), quiet."""
+    await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", kubeconfig, "--cluster-id", "ml-eu",
+                 "--remote-cluster-id", provider_id, "-q", *extra)  # fmt: skip
+
+
 @pytest.fixture
 async def cli(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) -> AsyncIterator[Cli]:
     from peering.localagents import all_agents, stop_agent
@@ -81,22 +87,7 @@ async def test_a_job_larger_than_one_provider_spreads_over_two(
         (b, "gpu-farm-b", "nvidia.com/gpu.product=NVIDIA-A100-SXM4-80GB"),
     ]
     for kubeconfig, provider_id, selector in peers:
-        await cli.ok(
-            "peer",
-            "--kubeconfig",
-            cli.c,
-            "--remote-kubeconfig",
-            kubeconfig,
-            "--cluster-id",
-            "ml-eu",
-            "--remote-cluster-id",
-            provider_id,
-            "--gpus",
-            "4",
-            "--selector",
-            selector,
-            "-q",
-        )
+        await peer(cli, kubeconfig, provider_id, "--gpus", "4", "--selector", selector)
     try:
         ns = await make_namespace(consumer_client)
         out = json.loads(await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-o", "json", "-q"))
@@ -200,21 +191,7 @@ async def test_a_provider_that_does_not_answer_holds_no_offload_and_costs_no_pod
 
     try:
         for provider_id, kubeconfig in kubeconfigs.items():
-            await cli.ok(
-                "peer",
-                "--kubeconfig",
-                cli.c,
-                "--remote-kubeconfig",
-                kubeconfig,
-                "--cluster-id",
-                "ml-eu",
-                "--remote-cluster-id",
-                provider_id,
-                "--gpus",
-                "2",
-                "--no-network",
-                "-q",
-            )
+            await peer(cli, kubeconfig, provider_id, "--gpus", "2", "--no-network")
         ns = await make_namespace(consumer_client)
         await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
         pod = {
