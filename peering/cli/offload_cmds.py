@@ -146,8 +146,9 @@ async def _wait_offloaded(
     except flow.PeeringError:
         if outcome.message:  # refused, or nothing selected
             raise UserError(f"namespace {ns} cannot be offloaded: {outcome.message}") from None
+        why = why_waiting(seen, generation)
         raise UserError(
-            f"the offloading of namespace {ns} is not settled after {timeout:.0f}s: {why_waiting(seen, generation)}"
+            f"the offloading of namespace {ns} is not settled after {timeout:.0f}s: {why}"
         ) from None
 
 
