@@ -219,12 +219,27 @@ async def _consumer_side(client: KubeClient) -> tuple[list[dict[str, Any]], list
                 "podOffloadingStrategy": spec.get("podOffloadingStrategy"),
                 "namespaceMappingStrategy": spec.get("namespaceMappingStrategy"),
                 "remoteNamespaces": [
-                    {"provider": r.get("clusterID"), "namespace": r.get("remoteNamespace")}
+                    {
+                        "provider": r.get("clusterID"),
+                        "namespace": r.get("remoteNamespace"),
+                        "phase": r.get("phase"),
+                        **({"reason": r["reason"]} if r.get("reason") else {}),
+                    }
                     for r in status.get("remoteNamespaces") or []
                 ],
             }
         )
     return providers, offloaded
+
+
+def _twin_cell(r: dict[str, Any]) -> str:
+    """A provider's twin namespace, and why it is not ready when it is not (a provider that does
+    not answer: ``Pending: ProviderUnreachable``). Pure."""
+    cell = f"{r['provider']}: {r.get('namespace') or '-'}"
+    phase = r.get("phase")
+    if phase and phase != "Ready":
+        cell += f" ({phase}: {r['reason']})" if r.get("reason") else f" ({phase})"
+    return cell
 
 
 async def _provider_side(client: KubeClient) -> list[dict[str, Any]]:
@@ -388,7 +403,7 @@ def _render(data: dict[str, Any], console: Any) -> None:
     if data["offloadedNamespaces"]:
         t = fold_table(["namespace", "strategy", "twin namespaces"], title="offloaded namespaces")
         for o in data["offloadedNamespaces"]:
-            twins = ", ".join(f"{r['provider']}: {r['namespace']}" for r in o["remoteNamespaces"]) or "-"
+            twins = ", ".join(_twin_cell(r) for r in o["remoteNamespaces"]) or "-"
             t.add_row(o["namespace"], str(o["podOffloadingStrategy"]), twins)
         console.print(t)
     if data["network"]:

@@ -232,6 +232,12 @@ async def test_a_provider_that_does_not_answer_holds_no_offload_and_costs_no_pod
             "offload", "namespace", late, "--kubeconfig", cli.c, "-o", "json", "--timeout", "60"
         )
         assert phases(json.loads(out)) == {"gpu-farm": "Ready", "gpu-farm-b": "Pending"}
+        info = json.loads(await cli.ok("info", "--kubeconfig", cli.c, "-o", "json"))
+        [said] = [o for o in info["offloadedNamespaces"] if o["namespace"] == late]
+        assert {r["provider"]: (r["phase"], r.get("reason")) for r in said["remoteNamespaces"]} == {
+            "gpu-farm": ("Ready", None),
+            "gpu-farm-b": ("Pending", "ProviderUnreachable"),
+        }
 
         await relays["gpu-farm"].stop()
         await reason_of(ns, "gpu-farm", "ProviderUnreachable")

@@ -281,7 +281,7 @@ async def test_peer_offload_run_a_gpu_job_unoffload_unpeer(
                 "namespace": ns,
                 "podOffloadingStrategy": "LocalAndRemote",
                 "namespaceMappingStrategy": "DefaultName",
-                "remoteNamespaces": [{"provider": "gpu-farm", "namespace": twin_ns}],
+                "remoteNamespaces": [{"provider": "gpu-farm", "namespace": twin_ns, "phase": "Ready"}],
             }
         ],
         "pool": {

@@ -61,3 +61,22 @@ def test_on_a_narrow_terminal_cells_fold_rather_than_end_in_an_ellipsis(
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out
     assert "NVIDIA" in out and "BM3" in out  # the GPU product, folded over lines
+
+
+def test_a_twin_namespace_not_ready_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    remote = [
+        {"namespace": "ml-team-ml-eu", "provider": "gpu-farm", "phase": "Ready"},
+        {
+            "namespace": "ml-team-ml-eu",
+            "provider": "gpu-farm-b",
+            "phase": "Pending",
+            "reason": "ProviderUnreachable",
+        },
+        {"namespace": None, "provider": "gpu-farm-c", "phase": "Pending"},
+    ]
+    info = {**INFO, "offloadedNamespaces": [{**INFO["offloadedNamespaces"][0], "remoteNamespaces": remote}]}
+    emit(info, "table", lambda console: _render(info, console))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "gpu-farm: ml-team-ml-eu," in out
+    assert "gpu-farm-b: ml-team-ml-eu (Pending: ProviderUnreachable)" in out
+    assert "gpu-farm-c: - (Pending)" in out
