@@ -96,6 +96,10 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         "warnings: only what went wrong, one consumer write per pod fewer or about five with a "
         "real provider node; none)",
     )
+    p.add_argument("--log-resume-seconds", type=float, default=30.0,
+                   help="how long `kubectl logs -f` of a pod whose stream from the provider is cut "
+                        "tries to go on where it was before it ends (30): a restart of the "
+                        "provider's API server passes unnoticed; 0: it ends at once")  # fmt: skip
     p.add_argument("--workers", type=int, default=16, help="pods reconciled concurrently")
     p.add_argument("--resync-seconds", type=float, default=300.0,
                    help="every pod, twin and copy is reconciled again this often (300): collects "
@@ -105,6 +109,8 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
                         "this port; wins over --probe-port when set")  # fmt: skip
     add_runtime_arguments(p)
     args = p.parse_args(argv)
+    if args.log_resume_seconds < 0:
+        p.error(f"--log-resume-seconds must not be negative, got {args.log_resume_seconds:g}")
     if args.resync_seconds < 1:
         p.error(f"--resync-seconds must be at least 1, got {args.resync_seconds:g}")
     if args.virtual_node:
@@ -131,6 +137,7 @@ def parse_settings(argv: list[str] | None = None) -> VirtualKubeletSettings:
         kubelet_api=args.kubelet_api,
         kubelet_port=args.kubelet_port,
         kubelet_csr_self_approve=args.kubelet_csr_self_approve,
+        log_resume_seconds=args.log_resume_seconds,
         probes=probe_settings(args),
         metrics_port=args.metrics_port,
         workers=args.workers,

@@ -399,7 +399,7 @@ def add_kubelet_api(manager: Manager, settings: VirtualKubeletSettings, *, consu
     ctx = KubeletContext(node_name=name, provider=provider, local_pod=local.get, twin_pod=remote.get,
                          local_keys=local.keys, local_identity=local.identity,
                          twin_identity=remote.identity, started=datetime.datetime.now(datetime.UTC),
-                         followed=(local, remote),
+                         followed=(local, remote), log_resume_seconds=settings.log_resume_seconds,
                          own_metrics=manager.probes.metrics_text)  # fmt: skip
     certificate = ServingCertificate(consumer, node_name=name, addresses=(settings.node_address,),
                                      self_approve=settings.kubelet_csr_self_approve,

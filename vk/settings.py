@@ -78,6 +78,10 @@ class VirtualKubeletSettings:
     kubelet_cert_seconds: int = 86400
     """Requested lifetime of the serving certificate (``expirationSeconds``, at least 600);
     it is renewed at 80 % of its lifetime."""
+    log_resume_seconds: float = 30.0
+    """How long ``kubectl logs -f`` of a pod whose stream from the provider is cut keeps trying
+    to go on where it was (:mod:`vk.kubelet.logresume`) before it ends: a restart of the
+    provider's API server passes unnoticed, an outage ends the follow."""
     heartbeat_seconds: float = 10.0
     """How often the node Lease is renewed (the kubelet default is 10 s)."""
     status_seconds: float = 60.0

@@ -181,6 +181,7 @@ async def vk(
         kubelet_csr_self_approve=True,
         kubelet_port=free_port(),
         kubelet_cert_seconds=600,
+        log_resume_seconds=5,
     )
     task = asyncio.create_task(run(settings), name="virtual-kubelet")
     running = VirtualKubelet(settings, task)
@@ -486,7 +487,8 @@ async def test_streams_the_provider_breaks_end_and_an_exec_says_so(
 ) -> None:
     """The connection to the provider cut while streams are open (a partition, or the provider's
     API server killed): ``kubectl exec`` fails and says why instead of passing for a command that
-    exited 0, and ``kubectl logs -f`` ends instead of hanging."""
+    exited 0, and ``kubectl logs -f`` ends instead of hanging, once the provider has not come back
+    in ``log_resume_seconds`` (5 here)."""
     await _provider_ready(provider, offloaded)
     assert provider_route.relay is not None
     kubectl = Kubectl(consumer)
@@ -509,6 +511,45 @@ async def test_streams_the_provider_breaks_end_and_an_exec_says_so(
         assert "the connection to the provider ended before the command's exit status" in err, err
         assert await execd.stdout.read() == b"", "the command's rest cannot have come"
         assert followed is not None, "kubectl logs -f hung after the provider was cut off"
+
+
+@pytest.mark.parametrize("provider_route", ["relay"], indirect=True)
+async def test_a_followed_log_goes_on_across_a_cut_each_line_once(
+    vk: VirtualKubelet,
+    offloaded: Offloaded,
+    consumer: LocalCluster,
+    provider: LocalCluster,
+    provider_route: ProviderRoute,
+) -> None:
+    """``kubectl logs -f`` while the connection to the provider is cut for 2 s (its API server
+    restarted): the follow goes on, with what was written during the cut and after it, each line
+    once, as if nothing happened (it used to end, as if the container had)."""
+    await _provider_ready(provider, offloaded)
+    assert provider_route.relay is not None
+    ns, name = offloaded.namespace, offloaded.name
+    async with Kubectl(consumer).background("logs", "-f", "-n", ns, name, "-c", "main") as follow:
+        assert follow.stdout is not None
+
+        async def line() -> bytes:
+            assert follow.stdout is not None
+            return await asyncio.wait_for(follow.stdout.readline(), 30)
+
+        assert [await line() for _ in range(3)] == [
+            b"epoch 0: loading dataset\n", b"epoch 1: loss 0.93\n", b"epoch 2: loss 0.41\n"
+        ]  # fmt: skip
+        await provider_route.relay.stop()
+        with offloaded.logs["main"].open("a") as f:
+            f.write(cri_line(datetime.datetime.now(datetime.UTC), "epoch 3: loss 0.12"))
+        await asyncio.sleep(2)
+        await provider_route.relay.start()
+        assert await line() == b"epoch 3: loss 0.12\n"
+        with offloaded.logs["main"].open("a") as f:
+            f.write(cri_line(datetime.datetime.now(datetime.UTC), "epoch 4: loss 0.05"))
+        assert await line() == b"epoch 4: loss 0.05\n"
+        assert follow.returncode is None  # still following
+        with contextlib.suppress(TimeoutError):  # and nothing came twice
+            extra = await asyncio.wait_for(follow.stdout.readline(), 2)
+            raise AssertionError(f"a line came after the last one written: {extra!r}")
 
 
 async def _ended(proc: asyncio.subprocess.Process, within: float) -> int | None:

@@ -5,7 +5,7 @@ consumer pod bound to this node and its twin on the provider:
 
 - ``/containerLogs/{ns}/{pod}/{container}``: the twin's ``pods/log`` streamed back, with
   follow, tailLines (and the legacy ``tail``), sinceSeconds, sinceTime, timestamps, previous and
-  limitBytes passed through;
+  limitBytes passed through; a follow cut short goes on where it was (:mod:`.logresume`);
 - ``/exec``, ``/attach`` (with or without the pod UID) and ``/portForward``: WebSocket streams
   relayed to the twin's ``pods/exec|attach|portforward`` (:mod:`.streams`), SPDY/3.1 upgrades
   passed through to the same (:mod:`.spdy`);
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ import orjson
 from aiohttp import web
 
 from kube.clients import KubeClient
-from kube.errors import KubeError
+from kube.errors import KubeError, is_temporary
 from kube.informers import Stored
 from kube.metrics import render
 from kube.objects import ObjectKey, RawObject, Resource
@@ -57,12 +58,15 @@ from ..forge.usage import (
 )
 from .auth import Authenticator, auth_middleware
 from .certificates import CertificateError, ServingCertificate
+from .logresume import LogCursor, resumable, resume_params
 from .nodepods import FollowedStore, NodePodIndex, NodePods
 from .spdy import is_spdy, passthrough
 from .streams import EXEC_PROTOCOLS, PORTFORWARD_PROTOCOLS, provider_stream_query, relay
 
 logger = logging.getLogger(__name__)
 
+RESUME_FIRST_PAUSE = 0.25
+RESUME_MAX_PAUSE = 4.0
 LOG_PARAMS = ("follow", "tailLines", "sinceSeconds", "sinceTime", "timestamps", "previous", "limitBytes")
 
 PodLookup = Callable[[ObjectKey], RawObject | None]
@@ -87,6 +91,9 @@ class KubeletContext:
     started: datetime.datetime
     own_metrics: Callable[[], bytes] = render
     """The virtual kubelet's own metrics in Prometheus' text format."""
+    log_resume_seconds: float = 30.0
+    """How long a followed log cut short by the provider is tried again (:mod:`.logresume`)
+    before it ends."""
     followed: tuple[FollowedStore, ...] = ()
     """The stores that tell where they changed (the consumer pods', the twins'): a scrape reads
     again only the pods that changed since the last one (none: every pod, every scrape)."""
@@ -179,31 +186,61 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
     tail = query.get("tail")
     if tail is not None and tail != "all" and "tailLines" not in params:
         params["tailLines"] = tail
+    path = _twin_path(twin, "log")
+    resume = resumable(params)
+    cursor = LogCursor(keep_timestamps=params.get("timestamps") in ("true", "1"))
+    if resume:
+        params["timestamps"] = "true"  # where a reopened stream is to go on from
     response: web.StreamResponse | None = None
-    try:
-        async with ctx.provider.stream("GET", _twin_path(twin, "log"), params) as upstream:
-            response = web.StreamResponse(headers={"Content-Type": "text/plain"})
-            response.enable_chunked_encoding()
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+    cut_at: float | None = None
+    pause = RESUME_FIRST_PAUSE
+    while True:
+        try:
+            async with ctx.provider.stream("GET", path, params) as upstream:
+                if response is None:
+                    response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+                    response.enable_chunked_encoding()
+                    await response.prepare(request)
+                elif cut_at is not None:
+                    logger.info("logs of pod %s/%s followed again after %.1fs",
+                                request.match_info["namespace"], request.match_info["pod"],
+                                time.monotonic() - cut_at)  # fmt: skip
+                cut_at, pause = None, RESUME_FIRST_PAUSE
+                async for chunk in upstream.content.iter_any():
+                    await response.write(cursor.feed(chunk) if resume else chunk)
+            if resume:
+                await response.write(cursor.end())
             await response.write_eof()
             return response
-    except KubeError as exc:
-        if response is not None and response.prepared:
-            # cut short mid-stream (the provider restarted, the connection dropped): the status
-            # is sent, so no error answer can follow. Without its last chunk the body reads as
-            # cut, not ended; answering a second time left the client waiting for the rest,
-            # `kubectl logs -f` forever
+        except KubeError as exc:
+            if response is None or not response.prepared:
+                # the provider's own words, e.g. 'container "main" in pod "ns/x" is waiting to
+                # start'; any 4xx as 400 and anything else as 500, the two the API server
+                # passes on with the text
+                code = 400 if exc.status and 400 <= exc.status < 500 else 500
+                return _text(code, exc.reason or "ProviderError", f"provider: {exc.message}")
+            now = time.monotonic()
+            cut_at = now if cut_at is None else cut_at
+            if resume and is_temporary(exc) and now - cut_at < ctx.log_resume_seconds:
+                # cut short while following (the provider restarted, the connection dropped):
+                # go on where it was, rather than end as if the container had
+                if pause == RESUME_FIRST_PAUSE:
+                    logger.info("logs of pod %s/%s cut short by the provider (%s): following again",
+                                request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RESUME_MAX_PAUSE)
+                if cursor.last is not None:  # else nothing was passed on: the same request again
+                    params = resume_params(params, cursor.last)
+                cursor.reopened()
+                continue
+            # cut short for good: the status is sent, so no error answer can follow. Without
+            # its last chunk the body reads as cut, not ended; answering a second time left the
+            # client waiting for the rest, `kubectl logs -f` forever
             logger.warning("logs of pod %s/%s cut short by the provider: %s",
                            request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
             if request.transport is not None:
                 request.transport.close()
             return response
-        # the provider's own words, e.g. 'container "main" in pod "ns/x" is waiting to start';
-        # any 4xx as 400 and anything else as 500, the two the API server passes on with the text
-        code = 400 if exc.status and 400 <= exc.status < 500 else 500
-        return _text(code, exc.reason or "ProviderError", f"provider: {exc.message}")
 
 
 async def exec_(request: web.Request) -> web.StreamResponse:

@@ -35,7 +35,7 @@ POD: RawObject = {"metadata": {"name": "trainer", "namespace": "ml"}, "status": 
 TWIN: RawObject = {"metadata": {"name": "trainer", "namespace": "ml-cons"}}
 
 
-def _context(provider: KubeClient, twin: RawObject | None) -> KubeletContext:
+def _context(provider: KubeClient, twin: RawObject | None, *, resume: float = 30.0) -> KubeletContext:
     here = ObjectKey("ml", "trainer")
     return KubeletContext(
         node_name="gpuferry-prov",
@@ -46,6 +46,7 @@ def _context(provider: KubeClient, twin: RawObject | None) -> KubeletContext:
         local_identity=lambda key: Stored(None, None, key) if key == here else None,
         twin_identity=lambda key: Stored(None, None, ObjectKey.of(twin)) if twin and key == here else None,
         started=datetime.datetime.now(datetime.UTC),
+        log_resume_seconds=resume,
     )
 
 
@@ -65,7 +66,11 @@ Opener = Callable[[str], Awaitable[KubeClient]]
 
 @contextlib.asynccontextmanager
 async def _kubelet_before(
-    provider_at: Opener, sub: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    provider_at: Opener,
+    sub: str,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    *,
+    resume: float = 30.0,
 ) -> AsyncIterator[TestClient[web.Request, web.Application]]:
     """Our kubelet routes, in front of a provider that answers the twin's ``sub`` (or the path
     ``sub``, when it starts with ``/``) with ``handler``."""
@@ -74,7 +79,7 @@ async def _kubelet_before(
     upstream.router.add_get(path, handler)
     async with TestServer(upstream) as server:
         provider = await provider_at(f"http://127.0.0.1:{server.port}")
-        async with await _served(_context(provider, TWIN)) as client:
+        async with await _served(_context(provider, TWIN, resume=resume)) as client:
             yield client
 
 
@@ -146,6 +151,96 @@ async def test_a_log_stream_cut_short_by_the_provider_is_not_ended_as_if_complet
                     got += chunk
         assert sent.is_set()
     assert got == b"epoch 1: loss 0.93\n"
+
+
+LINES = [
+    b"2026-12-07T06:30:00.100000000Z epoch 1: loss 0.93\n",
+    b"2026-12-07T06:30:00.500000000Z epoch 2: loss 0.41\n",
+    b"2026-12-07T06:30:00.500000000Z epoch 2: eval 0.52\n",  # the same time as the line before
+    b"2026-12-07T06:30:00.700000000Z epoch 3: loss 0.12\n",
+    b"2026-12-07T06:30:01.000000000Z done\n",
+]
+
+
+async def _stream(request: web.Request, chunks: list[bytes], *, end: bool) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(chunk)
+        await asyncio.sleep(0.05)
+    if end:
+        await response.write_eof()
+    else:
+        assert request.transport is not None
+        request.transport.abort()  # no last chunk: the body is cut, not ended
+    return response
+
+
+async def test_a_followed_log_cut_short_goes_on_where_it_was_each_line_once(provider_at: Opener) -> None:
+    """A provider restarted while ``kubectl logs -f`` follows: the stream is opened again from the
+    second of the last whole line, and what was passed on already is not passed on again (two
+    lines of the same time, and a line cut in the middle, included)."""
+    asked: list[dict[str, str]] = []
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        asked.append(dict(request.query))
+        if len(asked) == 1:  # cut in the middle of epoch 3's line
+            return await _stream(request, [*LINES[:3], LINES[3][:40]], end=False)
+        if len(asked) == 2:
+            return web.Response(status=503, text="restarting")  # not back yet: tried again
+        return await _stream(request, LINES[1:], end=True)  # from 06:30:00, as asked
+
+    async with _kubelet_before(provider_at, "log", log) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main?follow=true&tailLines=10")
+        assert answer.status == 200
+        async with asyncio.timeout(10):
+            got = await answer.read()
+    assert got == b"epoch 1: loss 0.93\nepoch 2: loss 0.41\nepoch 2: eval 0.52\nepoch 3: loss 0.12\ndone\n"
+    assert asked[0] == {"container": "main", "follow": "true", "tailLines": "10", "timestamps": "true"}
+    again = {"container": "main", "follow": "true", "sinceTime": "2026-12-07T06:30:00Z", "timestamps": "true"}
+    assert asked[1:] == [again, again]
+
+
+async def test_a_followed_log_keeps_its_timestamps_when_asked_for_them(provider_at: Opener) -> None:
+    calls = 0
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        return await _stream(request, LINES[:2] if calls == 1 else LINES[1:3], end=calls > 1)
+
+    async with _kubelet_before(provider_at, "log", log) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main?follow=true&timestamps=true")
+        async with asyncio.timeout(10):
+            got = await answer.read()
+    assert got == b"".join(LINES[:3])
+
+
+@pytest.mark.parametrize("again", [503, 404])
+async def test_a_followed_log_whose_provider_stays_away_or_loses_the_twin_ends_cut(
+    provider_at: Opener, again: int
+) -> None:
+    """Cut, then the provider busy past ``log_resume_seconds`` (503: tried again until then) or
+    the twin gone (404: at once): the body ends cut, not complete."""
+    calls = 0
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return await _stream(request, LINES[:1], end=False)
+        return web.Response(status=again, text="no")
+
+    async with _kubelet_before(provider_at, "log", log, resume=1.0) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main?follow=true")
+        got = b""
+        with pytest.raises(ClientPayloadError, match="not completed"):
+            async with asyncio.timeout(10):
+                async for chunk in answer.content.iter_any():
+                    got += chunk
+    assert got == b"epoch 1: loss 0.93\n"
+    assert calls > 2 if again == 503 else calls == 2
 
 
 SUCCESS = b'\x03{"metadata":{},"status":"Success"}'

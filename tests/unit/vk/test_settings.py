@@ -104,6 +104,14 @@ def test_the_resync_period_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None
     assert "--resync-seconds must be at least 1" in capsys.readouterr().err
 
 
+def test_how_long_a_cut_log_follow_goes_on_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_settings(["--virtual-node", "ns/vn"]).log_resume_seconds == 30.0
+    assert parse_settings(["--virtual-node", "ns/vn", "--log-resume-seconds", "0"]).log_resume_seconds == 0.0
+    with pytest.raises(SystemExit):
+        parse_settings(["--virtual-node", "ns/vn", "--log-resume-seconds", "-1"])
+    assert "--log-resume-seconds must not be negative" in capsys.readouterr().err
+
+
 def test_which_provider_events_are_copied_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert parse_settings(["--virtual-node", "ns/vn"]).provider_events == "all"
     flag = ["--virtual-node", "ns/vn", "--provider-events", "warnings"]
