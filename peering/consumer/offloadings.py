@@ -13,7 +13,9 @@ keyed by its namespace, the controller:
    while one has not answered, the offloading is Pending and is looked at again when the
    provider's answer comes (a watch of those requests), or when a provider that was unreachable
    answers again, at the latest after a backoff of up to a minute (:func:`pending_retry`);
-4. writes ``status``: each provider's twin namespace and phase, a phase over all of them
+4. writes ``status``: each provider's twin namespace, phase and, when not Ready, the reason
+   (:mod:`peering.offloadstatus`; a provider found unreachable is written so as soon as its
+   node's taint is on, :func:`peering.consumer.app.offloadings_it_leaves`), a phase over all of them
    (Ready, Pending, SomeFailed, AllFailed, NoClusterSelected) and a ``Ready`` condition. Ready
    is written once a dry-run pod shows that the API server applies the policy to the namespace's
    pods (:mod:`peering.admissionprobe`): the policy and its parameter reach the admission plugin
