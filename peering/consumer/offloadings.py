@@ -297,15 +297,17 @@ class NamespaceOffloadingReconciler:
         # request's timeout, holding one of the controller's few workers) and log a warning;
         # its node losing the taint wakes the offloadings that wait (app.provider_came_back)
         down = unreachable_providers(nodes)
-        entries = []
-        for provider_id in providers:
+        mapping, origin = spec.get("namespaceMappingStrategy") or "DefaultName", key.namespace
+
+        async def ask(provider_id: str) -> dict[str, Any]:
             if provider_id in down:
-                entries.append(unreachable_entry(provider_id, current))
-                continue
-            entry = await self._twin(
-                provider_id, consumer_id, key.namespace, spec.get("namespaceMappingStrategy") or "DefaultName"
-            )
-            entries.append(with_given(entry, current) if entry.get("reason") == REQUEST_FAILED else entry)
+                return unreachable_entry(provider_id, current)
+            entry = await self._twin(provider_id, consumer_id, origin, mapping)
+            return with_given(entry, current) if entry.get("reason") == REQUEST_FAILED else entry
+
+        # all at once: one provider that hangs (before its virtual node says so) holds the pass
+        # for a request's timeout, not the others' answers after it
+        entries = list(await asyncio.gather(*(ask(p) for p in providers)))
         for gone in [e for e in current if e.get("clusterID") not in providers]:
             await self._withdraw(gone["clusterID"], consumer_id, key.namespace)
         phase = overall_phase(entries)

@@ -29,6 +29,7 @@ from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.errors import NotFound
 from kube.objects import SECRETS, RawObject, Resource
+from kube.settings import ClientSettings
 from kube.tasks import cancel_and_wait
 from kube.watching import Listed, WatchEvent, watch_objects
 
@@ -42,7 +43,9 @@ logger = logging.getLogger(__name__)
 class ProviderClients:
     """Open clients by (provider, credential kind); a new fingerprint replaces the old client."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ClientSettings | None = None) -> None:
+        self.settings = settings
+        """Of every client opened (None: the defaults)."""
         self._clients: dict[tuple[str, str], tuple[str, KubeClient]] = {}
 
     async def get(
@@ -66,7 +69,7 @@ class ProviderClients:
             provider_id,
             "tenant",
             hashlib.sha256(kubeconfig).hexdigest(),
-            lambda: KubeClient.from_kubeconfig_data(kubeconfig, source=source),
+            lambda: KubeClient.from_kubeconfig_data(kubeconfig, settings=self.settings, source=source),
         )
 
     async def forget(self, provider_id: str) -> None:

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import yaml
 
-from kube.api import PROVIDER_LABEL, PROVIDER_UNREACHABLE_TAINT_KEY
+from kube.api import PROVIDER_LABEL, PROVIDER_UNREACHABLE_TAINT_KEY, SYSTEM_NAMESPACE
 from kube.clients import KubeClient
-from kube.errors import Forbidden, NotFound
+from kube.errors import AlreadyExists, Forbidden, NotFound
 from kube.informers import Informer
 from kube.metrics import REGISTRY
 from kube.objects import (
+    CONFIGMAPS,
     MUTATINGADMISSIONPOLICIES,
     MUTATINGADMISSIONPOLICYBINDINGS,
     NAMESPACEOFFLOADINGS,
@@ -23,9 +26,11 @@ from kube.objects import (
     NODES,
     PODS,
     RESOURCEQUOTAS,
+    SECRETS,
     ObjectKey,
     RawObject,
 )
+from kube.settings import ClientSettings
 from peering.admission import (
     OFFLOADING_NAME,
     TAINT_KEY,
@@ -35,11 +40,14 @@ from peering.admission import (
 )
 from peering.admissionprobe import Probe, admission_in_effect
 from peering.cli.offload_cmds import ensure_admission
+from peering.clusterid import CLUSTER_ID_CONFIGMAP
 from peering.consumer.offloadings import NamespaceOffloadingReconciler
 from peering.consumer.providers import ProviderClients
 from peering.crds import ensure_crds
+from peering.resources import identity_secret_name
 
 from .conftest import NamespaceFactory
+from .waiting import wait_for_deletion
 
 pytestmark = pytest.mark.integration
 
@@ -357,6 +365,104 @@ async def test_a_provider_whose_virtual_node_says_it_does_not_answer_is_not_aske
         with contextlib.suppress(NotFound):
             await consumer_client.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
         await reconciler.reconcile(key)  # released: its finalizer goes
+
+
+@contextlib.asynccontextmanager
+async def objects_made(client: KubeClient) -> AsyncIterator[list[tuple[Any, str, str | None]]]:
+    """What a test makes (resource, name, namespace), deleted after it, last made first; a
+    namespace waited for until it is gone, so that the next test may make it again."""
+    made: list[tuple[Any, str, str | None]] = []
+    try:
+        yield made
+    finally:
+        for resource, name, namespace in reversed(made):
+            with contextlib.suppress(NotFound):
+                await client.delete(resource, name, namespace)
+            if resource == NAMESPACES:
+                await wait_for_deletion(client, NAMESPACES, name, None, timeout=60)
+
+
+async def test_a_pass_asks_every_provider_at_once(
+    policy: None, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    """Two providers whose API servers take the connection and never answer (as before their
+    virtual nodes are tainted): each is asked before the other's request gives up, so one that
+    hangs holds no other provider's answer for a request's timeout (they were asked in turn)."""
+    ns = await make_namespace(consumer_client)
+    await offload(consumer_client, ns, "LocalAndRemote")
+    key = ObjectKey(ns, OFFLOADING_NAME)
+    run = uuid.uuid4().hex[:8]
+    providers = [f"hang-a-{run}", f"hang-b-{run}"]
+    events: list[tuple[str, str]] = []
+
+    def listener(provider_id: str) -> Any:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            events.append(("asked", provider_id))
+            await reader.read()  # never a word back; until the client gives up
+            events.append(("gave up", provider_id))
+            writer.close()
+
+        return handle
+
+    servers = [await asyncio.start_server(listener(p), "127.0.0.1", 0) for p in providers]
+    nodes = Informer(
+        consumer_client, NODES, name="virtual-nodes", label_selector=f"gpuferry.io/test-run={run}"
+    )
+    seen_both = asyncio.Event()
+    nodes.add_handler(lambda _: len(nodes.values()) == 2 and seen_both.set())
+    watching = asyncio.create_task(nodes.run())
+    reconciler = NamespaceOffloadingReconciler(
+        consumer_client,
+        virtual_nodes=nodes,
+        clients=ProviderClients(ClientSettings(request_timeout=3.0, connect_timeout=3.0)),
+    )
+    try:
+        async with objects_made(consumer_client) as made:
+            with contextlib.suppress(AlreadyExists):
+                await consumer_client.create(NAMESPACES, {"metadata": {"name": SYSTEM_NAMESPACE}})
+                made.append((NAMESPACES, SYSTEM_NAMESPACE, None))
+            with contextlib.suppress(AlreadyExists):
+                body = {"metadata": {"name": CLUSTER_ID_CONFIGMAP}, "data": {"clusterID": "ml-eu"}}
+                await consumer_client.create(CONFIGMAPS, body, SYSTEM_NAMESPACE)
+                made.append((CONFIGMAPS, CLUSTER_ID_CONFIGMAP, SYSTEM_NAMESPACE))
+            for provider_id, server in zip(providers, servers, strict=True):
+                port = server.sockets[0].getsockname()[1]
+                config = {
+                    "apiVersion": "v1", "kind": "Config", "current-context": "c",
+                    "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}",
+                                                           "insecure-skip-tls-verify": True}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                }  # fmt: skip
+                data = {"kubeconfig": base64.b64encode(yaml.safe_dump(config).encode()).decode()}
+                secret = {"metadata": {"name": identity_secret_name(provider_id)}, "data": data}
+                await consumer_client.create(SECRETS, secret, SYSTEM_NAMESPACE)
+                made.append((SECRETS, identity_secret_name(provider_id), SYSTEM_NAMESPACE))
+                node_labels = {PROVIDER_LABEL: provider_id, "gpuferry.io/test-run": run}
+                node = {"metadata": {"name": f"gpuferry-{provider_id}", "labels": node_labels}}
+                await consumer_client.create(NODES, node)
+                made.append((NODES, node["metadata"]["name"], None))
+            async with asyncio.timeout(30):
+                await seen_both.wait()
+            await reconciler.reconcile(key)
+            status = (await consumer_client.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns))["status"]
+            assert {e["clusterID"]: e["reason"] for e in status["remoteNamespaces"]} == {
+                p: "RequestFailed" for p in providers
+            }
+            # both asked before either request gave up
+            assert [e[0] for e in events[:2]] == ["asked", "asked"], events
+            for provider_id in providers:  # no identity: nothing to withdraw from them
+                await consumer_client.delete(SECRETS, identity_secret_name(provider_id), SYSTEM_NAMESPACE)
+            with contextlib.suppress(NotFound):
+                await consumer_client.delete(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+            await reconciler.reconcile(key)  # released: its finalizer goes
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        await reconciler.clients.close()
+        for server in servers:
+            server.close()
 
 
 def identity_reads(client: KubeClient) -> float:
