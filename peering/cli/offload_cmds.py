@@ -32,7 +32,7 @@ from kube.api import (
     PROVIDER_UNREACHABLE_TAINT_KEY,
 )
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import KubeError, NotFound
 from kube.objects import (
     NAMESPACES,
     NODES,
@@ -267,13 +267,17 @@ async def cmd_unoffload(args: argparse.Namespace) -> int:
                 stuck="",
             )  # fmt: skip
         except UserError as e:
-            nodes = await consumer.list(
-                NODES, label_selector=f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}"
-            )
+            try:  # which of its providers do not answer, as their virtual nodes say
+                listed = await consumer.list(
+                    NODES, label_selector=f"{NODE_TYPE_LABEL}={NODE_TYPE_VIRTUAL_KUBELET}"
+                )
+                down = unreachable_providers(listed["items"])
+            except KubeError:  # e.g. not allowed to list nodes: the message without them
+                down = set()
             providers = [
                 str(r["clusterID"]) for r in (offloading.get("status") or {}).get("remoteNamespaces") or []
             ]
-            said = unoffload_stuck(ns, args.timeout, providers, unreachable_providers(nodes["items"]))
+            said = unoffload_stuck(ns, args.timeout, providers, down)
             raise UserError(said + str(e)) from None
         for entry in (offloading.get("status") or {}).get("remoteNamespaces") or []:
             progress.step(f"{entry['clusterID']}: twin namespace {entry.get('remoteNamespace')} removed")
