@@ -44,7 +44,6 @@ from ..admission import OFFLOADING_NAME, admission_objects
 from ..admissionprobe import admission_in_effect
 from ..clusterid import read_cluster_id
 from ..consumer.offloadings import unreachable_providers
-from ..crds import ensure_crds
 from ..offloadstatus import Settled, offload_settled, why_waiting
 from ..resources import NAMESPACEOFFLOADINGS, is_system_namespace
 from ..virtualnodes import VIRTUALNODES
@@ -166,8 +165,10 @@ async def cmd_offload(args: argparse.Namespace) -> int:
         consumer_id = await read_cluster_id(consumer)
         if consumer_id is None:
             raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
+        # peered: the CRDs are there (`peer` or the chart put them); applying them again here
+        # would ask a cluster-wide right of whoever offloads a namespace, and a CLI older than the
+        # installed gpuferry would put its older schemas back over the newer ones
         await peered_providers(consumer, args.provider)
-        await ensure_crds(consumer)
         body = offloading_object(ns, args)
         try:
             await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)

@@ -23,6 +23,7 @@ from kube.errors import Forbidden, NotFound, Unauthorized
 from kube.objects import (
     CLUSTERROLEBINDINGS,
     CONFIGMAPS,
+    CRDS,
     CSRS,
     FOREIGNCLUSTERS,
     JOBS,
@@ -40,6 +41,7 @@ from kube.objects import (
     Resource,
 )
 from kube.watching import Listed, watch_objects
+from peering.crds import FIELD_MANAGER, ensure_crds, load_crds
 from peering.localagents import all_agents
 from peering.resources import GPUSLICES
 from vk.kubelet.certificates import csr_object, make_key_and_csr
@@ -613,6 +615,35 @@ async def test_same_name_mapping_runs_twins_in_a_namespace_of_the_same_name(
     await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c, "-q")
     with pytest.raises(NotFound):
         await provider_client.get(NAMESPACES, ns)
+
+
+async def test_offload_leaves_the_installed_crds_as_they_are(
+    cli: Cli, consumer_client: KubeClient, make_namespace: NamespaceFactory
+) -> None:
+    """`peer` (or the chart) installs the CRDs; `offload namespace` only writes the namespace's
+    NamespaceOffloading. Before, it applied every CRD again (force, as their owner): a right over
+    the whole cluster for whoever offloads a namespace, and a CLI older than the gpuferry installed
+    put its older schema back, dropping what the newer one has (here a printer column, as a newer
+    release adds)."""
+    await cli.ok(*cli.peer_args("--gpus", "1", "--selector", H100))
+    (ours,) = [c for c in load_crds() if c["metadata"]["name"] == str(NAMESPACEOFFLOADINGS)]
+    newer = json.loads(json.dumps(ours))
+    column = {"name": "Newer", "type": "string", "jsonPath": ".spec.namespaceMappingStrategy"}
+    for version in newer["spec"]["versions"]:
+        version["additionalPrinterColumns"] = [*version.get("additionalPrinterColumns", []), column]
+    await consumer_client.patch(CRDS, ours["metadata"]["name"], newer, patch_type="apply",
+                                field_manager=FIELD_MANAGER, force=True)  # fmt: skip
+    try:
+        ns = await make_namespace(consumer_client)
+        await cli.ok("offload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+        crd = await consumer_client.get(CRDS, ours["metadata"]["name"])
+        for version in crd["spec"]["versions"]:
+            assert column in version.get("additionalPrinterColumns", []), version
+        await cli.ok("unoffload", "namespace", ns, "--kubeconfig", cli.c, "-q")
+    finally:
+        await ensure_crds(consumer_client)  # this release's schema back, for the tests after it
+        crd = await consumer_client.get(CRDS, ours["metadata"]["name"])
+        assert all(column not in v.get("additionalPrinterColumns", []) for v in crd["spec"]["versions"])
 
 
 async def test_deleting_an_offloaded_namespace_releases_its_twin_namespace_as_it_begins(

@@ -55,7 +55,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def policy(consumer_client: KubeClient) -> AsyncIterator[None]:
     await ensure_crds(consumer_client)
-    await ensure_admission(consumer_client)  # what `gpuferry offload namespace` applies
+    await ensure_admission(consumer_client)  # what the consumer agent applies once a minute
     yield
     for resource, body in (
         (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
