@@ -733,12 +733,13 @@ async def test_a_gpu_job_runs_on_the_providers_real_node_and_is_reached_through_
         async def done_on_both(kind: str, value: str) -> RawObject:
             """The twin runs with it and the condition its kubelet set meanwhile is gone; then the
             consumer pod shows the same, within seconds. That kubelet clears PodResizeInProgress in
-            the pod's sync after the one that actuated the resize. Mostly that is the sync its own
-            pod update queued (within a second here), but when the two run as one (the allocation
-            is made in a goroutine: kubelet.go's TODO) it is the worker's periodic resync, 60 s with
-            up to 50 % jitter after the last sync (CI, 2026-11-28 and 2026-12-07: still there 120 s
-            on, the resources already changed). So the wait for the provider's kubelet is long, and
-            the one for the virtual kubelet, the part under test, short."""
+            the pod's sync after the one that actuated the resize: mostly the sync its own pod
+            update queued (within a second here), else the worker's periodic resync, 60 s with up
+            to 50 % jitter (the allocation is made in a goroutine: kubelet.go's TODO). So the wait
+            for the provider's kubelet is long, and the one for the virtual kubelet, the part under
+            test, short. (CI, 2026-12-07: the twin done, the pod still PodResizeInProgress after
+            30 s: status back had patched from a pod older than its own last write; it failed
+            CI twice before as "still there after 120 s")"""
             def done(p: RawObject) -> bool:
                 return runs_with(p).get(kind) == value and not resizing(p)
 

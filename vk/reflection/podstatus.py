@@ -145,6 +145,19 @@ class PodStatusReflector:
             return None
         meta = local["metadata"]
         answer = await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
+        # The informer's pod may be older than the API server's: our previous write not back yet.
+        # A merge patch from it leaves out what it already matched, and the pod keeps what that
+        # write put there (a PodResizeInProgress the twin has dropped since; CI, 2026-12-07).
+        # The answer is the pod as it is now: it is brought in line once more if it is not.
+        again = status_patch(
+            answer.get("status") or {},
+            local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=answer),
+        )
+        if again is not None:
+            object_logger(logger, "Pod", key).debug("status written over a newer pod: written again")
+            answer = await self.consumer.patch(
+                PODS, meta["name"], again, meta["namespace"], subresource="status"
+            )
         # the pod as written is in sync with this twin: its echo needs no pass, nor a resync
         written = self.echoes.wrote(key, answer)
         if written is not None:

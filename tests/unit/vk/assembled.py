@@ -10,6 +10,7 @@ from kube.clients import KubeClient
 from kube.informers import Informer
 from kube.kubeconfigs import Connection
 from kube.objects import ObjectKey, Resource
+from kube.patching import apply_merge_patch
 from kube.queueing import KeyedQueue
 from kube.watching import Listed
 from vk.assembly import assemble_virtual_kubelet
@@ -60,9 +61,9 @@ class ApiServer:
     async def patch(self, resource: Resource, name: str, body: dict[str, Any], namespace: str | None = None,
                     **options: Any) -> dict[str, Any]:  # fmt: skip
         self.writes.append(("patch", resource.plural, options.get("subresource")))
-        current = copy.deepcopy(self.objects[name])
-        current["status"] = {**(current.get("status") or {}), **body["status"]}
-        return self._answer(current)
+        answer = self._answer(apply_merge_patch(self.objects[name], body))  # RFC 7386, as sent
+        self.objects[name] = copy.deepcopy(answer)  # the next write merges into this one
+        return answer
 
     async def get(self, resource: Resource, name: str, namespace: str | None = None) -> dict[str, Any]:
         return {"data": {"ca.crt": "PEM"}}

@@ -8,6 +8,7 @@ from typing import Any
 
 from kube.informers import Informer
 from kube.objects import PODS, ObjectKey
+from kube.patching import apply_merge_patch
 from kube.watching import WatchEvent
 from vk.forge.pods import ForgeOptions, remote_pod
 from vk.reflection.podstatus import PodStatusReflector
@@ -21,16 +22,21 @@ NODE_ADDRESS = "10.0.0.42"
 
 
 class Consumer:
-    """Records the status patches a reconciler sends (a stand-in for the consumer's API server)."""
+    """The consumer's API server for one pod (a stand-in): it records the status patches a
+    reconciler sends, merges each into its pod (RFC 7386) and answers with the pod."""
 
-    def __init__(self) -> None:
+    def __init__(self, pod: dict[str, Any] | None = None) -> None:
         self.patches: list[tuple[str, dict[str, Any], str | None]] = []
+        self.pod: dict[str, Any] = copy.deepcopy(pod) if pod is not None else {"metadata": {}}
 
     async def patch(self, resource: Any, name: str, body: dict[str, Any], namespace: str | None = None,
                     **options: Any) -> dict[str, Any]:  # fmt: skip
         assert resource is PODS and options == {"subresource": "status"}
         self.patches.append((name, body, namespace))
-        return body
+        self.pod = apply_merge_patch(self.pod, body)
+        meta = self.pod.setdefault("metadata", {})
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion") or 0) + 1)
+        return copy.deepcopy(self.pod)
 
 
 class Twins:
@@ -70,7 +76,7 @@ def _reflector(
     informer = Informer(None, PODS, compact=True)  # no client: fed by hand, as its watch would
     if local is not None:
         informer._apply(WatchEvent("ADDED", local))
-    consumer = Consumer()
+    consumer = Consumer(local)
     reflector = PodStatusReflector(consumer=consumer, local=informer,
                                    twins=Twins(twin), node_address=NODE_ADDRESS,
                                    remap_ip=lambda ip: ip.replace("10.244.", "10.64."))  # fmt: skip
@@ -120,10 +126,11 @@ async def test_a_pass_that_found_nothing_is_redone_when_either_pod_or_the_view_c
     twin["metadata"]["resourceVersion"] = "20"
     reflector, consumer = _reflector(local, twin)
     await reflector.reconcile(KEY)
+    assert consumer.pod["metadata"]["resourceVersion"] == "11"  # the write's answer
     local = {**local, "status": consumer.patches[0][1]["status"],
-             "metadata": {**local["metadata"], "resourceVersion": "11"}}  # fmt: skip
+             "metadata": {**local["metadata"], "resourceVersion": "12"}}  # fmt: skip
     reflector.local._apply(WatchEvent("MODIFIED", local))
-    assert not reflector.settled(KEY)  # the consumer pod changed since the pass
+    assert not reflector.settled(KEY)  # the consumer pod changed since the pass (a label, say)
     await reflector.reconcile(KEY)
     await reflector.reconcile(KEY)
     assert len(consumer.patches) == 1  # in sync, twice
@@ -137,3 +144,36 @@ async def test_a_pass_that_found_nothing_is_redone_when_either_pod_or_the_view_c
     assert not reflector.settled(KEY)
     await reflector.reconcile(KEY)
     assert consumer.patches[-1][1]["status"]["phase"] == "Succeeded"
+
+
+async def test_a_pass_over_a_pod_older_than_its_last_write_leaves_the_pod_as_the_twin_is() -> None:
+    """The twin's kubelet sets PodResizeInProgress and drops it a moment later: the first pass
+    writes the condition, and the next runs before that write is back in the informer. From that
+    older pod the merge patch leaves the conditions out (they match it), and the consumer pod
+    kept the condition for good (CI, 2026-12-07: still there 30 s after the twin had dropped it)."""
+    local = _consumer_pod()
+    local["metadata"]["resourceVersion"] = "10"
+    twin = _twin_of(local)
+    twin["metadata"]["resourceVersion"] = "20"
+    twin["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    main = {"name": "main", "ready": True, "resources": {"limits": {"cpu": "100m"}}}
+    twin["status"]["containerStatuses"] = [main]
+    reflector, consumer = _reflector(local, twin)
+    await reflector.reconcile(KEY)
+    reflector.local._apply(WatchEvent("MODIFIED", consumer.pod))  # that write back: in sync
+    resizing = copy.deepcopy(twin)
+    resizing["metadata"]["resourceVersion"] = "21"
+    resizing["status"]["conditions"].append({"type": "PodResizeInProgress", "status": "True"})
+    resizing["status"]["containerStatuses"][0]["resources"]["limits"]["cpu"] = "200m"
+    reflector.twins.pods[KEY] = resizing  # type: ignore[attr-defined]
+    await reflector.reconcile(KEY)
+    assert {"type": "PodResizeInProgress", "status": "True"} in consumer.pod["status"]["conditions"]
+    resized = copy.deepcopy(resizing)
+    resized["metadata"]["resourceVersion"] = "22"
+    resized["status"]["conditions"].pop()
+    reflector.twins.pods[KEY] = resized  # type: ignore[attr-defined]
+    await reflector.reconcile(KEY)  # the informer still has the pod of the first write
+    status = consumer.pod["status"]
+    assert [c["type"] for c in status["conditions"]] == ["PodScheduled", "Ready"], status["conditions"]
+    assert status["containerStatuses"][0]["resources"]["limits"]["cpu"] == "200m"
+    assert len(consumer.patches) == 4  # the last pass's patch, and the one from its answer
