@@ -202,7 +202,7 @@ class PodSync:
             self._status_has_nothing_to_write(key)
         elif self.reflector.remote.resource_version(key) is None:
             pass  # no twin (yet): nothing to write until it comes, and its arrival wakes a pass
-        elif not self.status.echoes.is_echo(key, self.reflector.local.resource_version(key)):
+        elif not self.status.echoed(key, self.reflector.local.resource_version(key)):
             self.status_from_remote.add(key)
         if matters_to_twin_sync(change.type, change.old, change.new):
             self.to_remote.add(key)

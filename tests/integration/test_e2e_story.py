@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -627,7 +628,7 @@ async def test_offload_leaves_the_installed_crds_as_they_are(
     release adds)."""
     await cli.ok(*cli.peer_args("--gpus", "1", "--selector", H100))
     (ours,) = [c for c in load_crds() if c["metadata"]["name"] == str(NAMESPACEOFFLOADINGS)]
-    newer = json.loads(json.dumps(ours))
+    newer = copy.deepcopy(ours)
     column = {"name": "Newer", "type": "string", "jsonPath": ".spec.namespaceMappingStrategy"}
     for version in newer["spec"]["versions"]:
         version["additionalPrinterColumns"] = [*version.get("additionalPrinterColumns", []), column]

@@ -45,6 +45,11 @@ class Echoes:
         del self._written[key]
         return True
 
+    def awaiting(self, key: ObjectKey) -> str | None:
+        """The resource version of our last write of ``key`` while its watch event has not come:
+        until then the informer's copy is older than the object."""
+        return self._written.get(key)
+
     def forget(self, key: ObjectKey) -> None:
         self._written.pop(key, None)
 

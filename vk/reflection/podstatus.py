@@ -91,6 +91,9 @@ class PodStatusReflector:
         self.echoes = Echoes()
         """The consumer pods' versions our status patches returned: their watch events need no
         pass (:mod:`vk.reflection.echoes`)."""
+        self._written: dict[ObjectKey, tuple[str, Mapping[str, object]]] = {}
+        """The status our last patch of a pod left, with its version, until that version comes
+        back to the informer (:meth:`echoed`): a pass meanwhile reads an older pod."""
 
     def settled(self, key: ObjectKey) -> bool:
         """Whether the last pass over ``key`` found nothing to write and neither pod nor the
@@ -111,10 +114,19 @@ class PodStatusReflector:
         if seen is not None and old_version is not None and seen[1] == old_version:
             self._in_sync[key] = (seen[0], new_version, seen[2])
 
+    def echoed(self, key: ObjectKey, version: str | None) -> bool:
+        """Whether the consumer pod's change to ``version`` is our last status patch coming back
+        (it needs no pass; the informer has caught up with it)."""
+        if not self.echoes.is_echo(key, version):
+            return False
+        self._written.pop(key, None)
+        return True
+
     def forget(self, key: ObjectKey) -> None:
         """Drop what is kept about ``key``'s pair: with the pod gone or terminating, or its twin
         gone, status back has nothing to write (a pass would find just that)."""
         self._in_sync.pop(key, None)
+        self._written.pop(key, None)
         self._claims_back.discard(key)
         self.echoes.forget(key)
 
@@ -140,30 +152,28 @@ class PodStatusReflector:
                     "the provider's device allocation is not written into the pod's claims: %s", exc
                 )
         patch = status_patch(local.get("status") or {}, new_status)
+        written = self._written.get(key)
+        if written is not None and self.echoes.awaiting(key) == written[0]:
+            # The informer's pod is older than our last patch's: a merge patch from it alone
+            # leaves out what it already matched, and the pod would keep what that patch put
+            # there (a PodResizeInProgress the twin has dropped since; CI, 2026-12-07). What
+            # differs from either is written: each field as the twin has it, so never wrong.
+            since = status_patch(written[1], new_status)
+            if since is not None:
+                patch = {"status": {**(patch or {"status": {}})["status"], **since["status"]}}
         if patch is None:
             self._in_sync[key] = seen
             return None
         meta = local["metadata"]
         answer = await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
-        # The informer's pod may be older than the API server's: our previous write not back yet.
-        # A merge patch from it leaves out what it already matched, and the pod keeps what that
-        # write put there (a PodResizeInProgress the twin has dropped since; CI, 2026-12-07).
-        # The answer is the pod as it is now: it is brought in line once more if it is not.
-        again = status_patch(
-            answer.get("status") or {},
-            local_status(remote, remap_ip=self.remap_ip, host_ip=self.node_address, local=answer),
-        )
-        if again is not None:
-            object_logger(logger, "Pod", key).debug("status written over a newer pod: written again")
-            answer = await self.consumer.patch(
-                PODS, meta["name"], again, meta["namespace"], subresource="status"
-            )
         # the pod as written is in sync with this twin: its echo needs no pass, nor a resync
-        written = self.echoes.wrote(key, answer)
-        if written is not None:
-            self._in_sync[key] = (written, versions[1], self.remap_ip)
+        version = self.echoes.wrote(key, answer)
+        if version is not None:
+            self._in_sync[key] = (version, versions[1], self.remap_ip)
+            self._written[key] = (version, answer.get("status") or {})
         else:
             self._in_sync.pop(key, None)
+            self._written.pop(key, None)
         old_phase = (local.get("status") or {}).get("phase")
         if new_status.get("phase") == "Running" and old_phase != "Running":
             observe_since(local, "running")
