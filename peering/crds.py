@@ -3,11 +3,19 @@
 The YAML in ``charts/gpuferry/crds`` is the single source of truth; the chart installs the same
 files. They are applied with server-side apply (field manager ``gpuferry``), so a second run is
 a no-op and a newer schema replaces an older one.
+
+Each CRD carries its schema's revision (annotation ``gpuferry.io/schema-revision``, an integer
+raised with every change of its ``spec``; ``tests/unit/peering/test_crd_schemas.py`` holds the
+record). A CRD on the cluster with a higher revision than this gpuferry's is left as it is: a
+CLI older than the gpuferry installed (``gpuferry peer`` from an old laptop) would otherwise put
+its older schema back, and the API server would prune what only the newer one keeps from every
+object written after. One without the annotation (installed before revisions) is older.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +28,29 @@ from kube.objects import CRDS, RawObject
 from kube.watching import Listed, watch_objects
 
 FIELD_MANAGER = "gpuferry"
+REVISION_ANNOTATION = "gpuferry.io/schema-revision"
+
+logger = logging.getLogger(__name__)
+
+
+def schema_revision(crd: RawObject) -> int:
+    """The gpuferry schema revision ``crd`` is stamped with; 0 without one (or an unreadable one)."""
+    value = ((crd.get("metadata") or {}).get("annotations") or {}).get(REVISION_ANNOTATION)
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def newer_on_cluster(installed: RawObject | None, ours: RawObject) -> str | None:
+    """Why ``ours`` must not replace ``installed`` (a newer schema revision), or None."""
+    if installed is None or schema_revision(installed) <= schema_revision(ours):
+        return None
+    return (
+        f"{ours['metadata']['name']} is kept at schema revision {schema_revision(installed)}: this "
+        f"gpuferry has revision {schema_revision(ours)}, older (upgrade this gpuferry; to go back "
+        "to the older schema on purpose, apply its CRD files yourself)"
+    )
 
 
 def crd_dir() -> Path:
@@ -68,11 +99,20 @@ async def ensure_crds(
     *,
     timeout: float = 60.0,
     progress: Callable[[str], None] = lambda _: None,
+    warn: Callable[[str], None] = logger.warning,
 ) -> list[str]:
-    """Apply every CRD and wait until all are Established; returns their names."""
+    """Apply every CRD, except where the cluster has a newer schema revision of it (``warn`` says
+    so), and wait until all are Established; returns their names."""
     wanted = crds if crds is not None else load_crds()
     names = [str(c["metadata"]["name"]) for c in wanted]
     for crd in wanted:
+        try:
+            current: RawObject | None = await client.get(CRDS, str(crd["metadata"]["name"]))
+        except NotFound:
+            current = None
+        if (why := newer_on_cluster(current, crd)) is not None:
+            warn(why)
+            continue
         await client.patch(
             CRDS,
             str(crd["metadata"]["name"]),

@@ -61,6 +61,10 @@ class Progress:
         if not self.quiet:
             print(f"    {message}", file=sys.stderr, flush=True)
 
+    def warn(self, message: str) -> None:
+        """Something the user should know although the command goes on; printed also when quiet."""
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
 
 def parse_pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
     out: dict[str, str] = {}

@@ -421,7 +421,8 @@ async def cmd_install(args: argparse.Namespace) -> int:
         cluster_id = await _cluster_id(client, args)
         # helm installs crds/ only on a first install and never upgrades them: applied here,
         # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
-        crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0))
+        crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
+                                 warn=progress.warn)  # fmt: skip
         progress.step(f"{len(crds)} CRDs applied and Established")
         await _adopt_cluster_id(client, args.namespace, progress)
         networking = await _network_values(client, args, roles, progress)

@@ -82,7 +82,12 @@ async def cmd_install_crds(args: argparse.Namespace) -> int:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
-        names = await ensure_crds(client, timeout=args.timeout, progress=progress)
+        names = await ensure_crds(
+            client,
+            timeout=args.timeout,
+            progress=progress,
+            warn=lambda why: print(f"warning: {why}", file=sys.stderr, flush=True),
+        )
     print(f"{len(names)} gpuferry CRDs installed and Established in {time.monotonic() - start:.1f}s")
     return 0
 

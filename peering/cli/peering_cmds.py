@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import os
 import re
 from typing import Any
@@ -215,6 +216,10 @@ async def _ids(consumer: KubeClient, provider: KubeClient, args: argparse.Namesp
     return consumer_id, provider_id
 
 
+def _warn_for(progress: Progress, side: str, why: str) -> None:
+    progress.warn(f"{side}: {why}")
+
+
 def _ensure_agents(
     args: argparse.Namespace, consumer_id: str, provider_id: str, progress: Progress
 ) -> dict[str, Agent]:
@@ -402,7 +407,7 @@ async def cmd_peer(args: argparse.Namespace) -> int:
         if not args.no_network:  # a missing or wrong declaration stops us before any change
             await read_declarations(consumer, provider, embedded=args.agents == "local")
         for side, client in (("consumer", consumer), ("provider", provider)):
-            await ensure_crds(client)
+            await ensure_crds(client, warn=functools.partial(_warn_for, progress, side))
             progress.step(f"{side}: gpuferry CRDs installed ({client.base_url})")
         consumer_id, provider_id = await _ids(consumer, provider, args)
         progress.step(f"cluster IDs: consumer {consumer_id}, provider {provider_id}")

@@ -42,7 +42,7 @@ from kube.objects import (
     Resource,
 )
 from kube.watching import Listed, watch_objects
-from peering.crds import FIELD_MANAGER, ensure_crds, load_crds
+from peering.crds import FIELD_MANAGER, REVISION_ANNOTATION, ensure_crds, load_crds, schema_revision
 from peering.localagents import all_agents
 from peering.resources import GPUSLICES
 from vk.kubelet.certificates import csr_object, make_key_and_csr
@@ -644,6 +644,38 @@ async def test_offload_leaves_the_installed_crds_as_they_are(
     finally:
         await ensure_crds(consumer_client)  # this release's schema back, for the tests after it
         crd = await consumer_client.get(CRDS, ours["metadata"]["name"])
+        assert all(column not in v.get("additionalPrinterColumns", []) for v in crd["spec"]["versions"])
+
+
+async def test_peer_leaves_a_newer_schema_of_a_crd_as_it_is(cli: Cli, consumer_client: KubeClient) -> None:
+    """A CLI older than the gpuferry installed (``peer`` from a laptop not upgraded) put its older
+    CRD schemas back over the newer ones, as their owner. Now a CRD whose schema revision on the
+    cluster is higher than this CLI's stays, and ``peer`` says so, also when quiet."""
+    (ours,) = [c for c in load_crds() if c["metadata"]["name"] == str(NAMESPACEOFFLOADINGS)]
+    name, revision = ours["metadata"]["name"], schema_revision(ours)
+    newer = copy.deepcopy(ours)
+    newer["metadata"]["annotations"][REVISION_ANNOTATION] = str(revision + 1)
+    column = {"name": "Newer", "type": "string", "jsonPath": ".spec.namespaceMappingStrategy"}
+    for version in newer["spec"]["versions"]:
+        version["additionalPrinterColumns"] = [*version.get("additionalPrinterColumns", []), column]
+    await consumer_client.patch(
+        CRDS, name, newer, patch_type="apply", field_manager=FIELD_MANAGER, force=True
+    )
+    try:
+        code, _, err = await cli(*cli.peer_args("--gpus", "1", "--selector", H100))
+        assert code == 0, err
+        assert (
+            f"warning: consumer: {name} is kept at schema revision {revision + 1}: this gpuferry has "
+            f"revision {revision}, older" in err
+        ), err
+        crd = await consumer_client.get(CRDS, name)
+        assert crd["metadata"]["annotations"][REVISION_ANNOTATION] == str(revision + 1)
+        for version in crd["spec"]["versions"]:
+            assert column in version.get("additionalPrinterColumns", []), version
+    finally:  # this release's schema back, for the tests after it (as its owner, it drops the column)
+        await consumer_client.patch(CRDS, name, ours, patch_type="apply", field_manager=FIELD_MANAGER,
+                                    force=True)  # fmt: skip
+        crd = await consumer_client.get(CRDS, name)
         assert all(column not in v.get("additionalPrinterColumns", []) for v in crd["spec"]["versions"])
 
 
