@@ -40,7 +40,7 @@ from kube.objects import (
 )
 
 from .. import flow
-from ..admission import OFFLOADING_NAME, admission_objects
+from ..admission import OFFLOADING_NAME
 from ..admissionprobe import admission_in_effect
 from ..clusterid import read_cluster_id
 from ..consumer.offloadings import unreachable_providers
@@ -51,18 +51,6 @@ from ..waits import wait_until
 from .common import Progress, UserError, add_output_argument, delete_and_wait, described, emit, fold_table
 
 __all__ = ["add_parsers"]
-
-
-async def ensure_admission(client: KubeClient) -> None:
-    for resource, body in admission_objects():
-        await client.patch(
-            resource,
-            body["metadata"]["name"],
-            body,
-            patch_type="apply",
-            field_manager="gpuferry-cli",
-            force=True,
-        )
 
 
 async def wait_admission_effective(client: KubeClient, namespace: str, strategy: str, timeout: float) -> str:

@@ -39,8 +39,8 @@ from peering.admission import (
     admission_policy,
 )
 from peering.admissionprobe import Probe, admission_in_effect
-from peering.cli.offload_cmds import ensure_admission
 from peering.clusterid import CLUSTER_ID_CONFIGMAP
+from peering.consumer.offloadings import FIELD_MANAGER as AGENT_FIELD_MANAGER
 from peering.consumer.offloadings import NamespaceOffloadingReconciler
 from peering.consumer.providers import ProviderClients
 from peering.crds import ensure_crds
@@ -55,7 +55,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def policy(consumer_client: KubeClient) -> AsyncIterator[None]:
     await ensure_crds(consumer_client)
-    await ensure_admission(consumer_client)  # what the consumer agent applies once a minute
+    for resource, body in admission_objects():  # what the consumer agent applies once a minute
+        await consumer_client.patch(resource, body["metadata"]["name"], body, patch_type="apply",
+                                    field_manager=AGENT_FIELD_MANAGER, force=True)  # fmt: skip
     yield
     for resource, body in (
         (MUTATINGADMISSIONPOLICYBINDINGS, admission_binding()),
