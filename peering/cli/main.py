@@ -174,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         **described(
             """Apply gpuferry's CRDs (created, or updated to this version's) and wait until the API
             server serves them; nothing else is installed. For clusters whose controllers are run
-            elsewhere (`gpuferry peer --agents local`), or to update the CRDs before the chart.""",
+            elsewhere (`gpuferry peer --agents local`), or to update the CRDs before the chart. A
+            CRD the cluster has at a newer schema revision (annotation gpuferry.io/schema-revision)
+            stays as it is, with a warning: an older gpuferry never puts its older schema back.""",
             "gpuferry install --kubeconfig consumer.yaml crds",
         ),
     )

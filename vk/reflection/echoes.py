@@ -28,14 +28,18 @@ class Echoes:
     def __init__(self) -> None:
         self._written: dict[ObjectKey, str] = {}
 
-    def wrote(self, key: ObjectKey, answer: RawObject) -> str | None:
-        """Record the API server's ``answer`` to a write of ``key``; its resource version."""
+    def wrote(self, key: ObjectKey, answer: RawObject, seen: str | None = None) -> str | None:
+        """Record the API server's ``answer`` to a write of ``key``; its resource version.
+
+        ``seen``: the version the informer holds now. Where it is the answer's, the echo came in
+        while the answer was on its way (the watch is read first as often as not) and nothing is
+        awaited: kept, the entry would stay until the object goes."""
         version = (answer.get("metadata") or {}).get("resourceVersion")
-        if version:
+        if version and str(version) != seen:
             self._written[key] = str(version)
             return str(version)
         self._written.pop(key, None)
-        return None
+        return str(version) if version else None
 
     def is_echo(self, key: ObjectKey, version: str | None) -> bool:
         """Whether a change of ``key`` to ``version`` is our last write coming back (then it is

@@ -322,7 +322,7 @@ class PodReflector:
             return Requeue(QUOTA_RETRY_SECONDS)
         TWINS_CREATED.inc()
         # forged from this very pod: the pair as created needs no patch (nor its echo a pass)
-        written = self.echoes.wrote(key, answer)
+        written = self.echoes.wrote(key, answer, seen=self.remote.resource_version(key))
         debugged = bool(local["spec"].get("ephemeralContainers"))  # debugged while Pending
         version = local["metadata"].get("resourceVersion")
         if written is not None and version is not None and not debugged:

@@ -167,12 +167,16 @@ class PodStatusReflector:
         meta = local["metadata"]
         answer = await self.consumer.patch(PODS, meta["name"], patch, meta["namespace"], subresource="status")
         # the pod as written is in sync with this twin: its echo needs no pass, nor a resync
-        version = self.echoes.wrote(key, answer)
+        version = self.echoes.wrote(key, answer, seen=self.local.resource_version(key))
         if version is not None:
             self._in_sync[key] = (version, versions[1], self.remap_ip)
-            self._written[key] = (version, answer.get("status") or {})
         else:
             self._in_sync.pop(key, None)
+        if version is not None and self.echoes.awaiting(key) == version:
+            self._written[key] = (version, answer.get("status") or {})
+        else:
+            # nothing to wait for: its echo came in before the answer (issue 15: kept, the
+            # statuses of most pods stayed, 14 MiB more at 10,000 pods Running)
             self._written.pop(key, None)
         old_phase = (local.get("status") or {}).get("phase")
         if new_status.get("phase") == "Running" and old_phase != "Running":
