@@ -24,7 +24,7 @@ from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
 
 from . import agents_cmd, info_cmd, install_cmds, network_cmds, offload_cmds, peering_cmds, tenant_cmds
-from .common import UserError, add_output_argument, console, described, fold_table
+from .common import Progress, UserError, add_output_argument, console, described, fold_table
 
 EXIT_USER_ERROR = 1
 EXIT_INTERRUPTED = 130
@@ -86,7 +86,7 @@ async def cmd_install_crds(args: argparse.Namespace) -> int:
             client,
             timeout=args.timeout,
             progress=progress,
-            warn=lambda why: print(f"warning: {why}", file=sys.stderr, flush=True),
+            warn=Progress(args.quiet).warn,
         )
     print(f"{len(names)} gpuferry CRDs installed and Established in {time.monotonic() - start:.1f}s")
     return 0

@@ -89,7 +89,7 @@ def stamped(revision: str | None) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("installed", "ours", "kept"),
     [
-        (None, "1", False),  # not installed: applied
+        ("absent", "1", False),  # not installed: applied
         ("1", "1", False),  # the same revision: applied (a no-op, or a hand edit undone)
         ("1", "2", False),  # older on the cluster: upgraded
         (None, "2", False),  # installed before revisions were stamped: older
@@ -98,8 +98,7 @@ def stamped(revision: str | None) -> dict[str, Any]:
     ],
 )
 def test_only_a_newer_revision_on_the_cluster_is_kept(installed: str | None, ours: str, kept: bool) -> None:
-    on_cluster = None if installed is None and ours == "1" else stamped(installed)
-    why = newer_on_cluster(on_cluster, stamped(ours))
+    why = newer_on_cluster(None if installed == "absent" else stamped(installed), stamped(ours))
     assert (why is not None) == kept
     if kept:
         assert why == (
