@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from pathlib import Path
 
 import yaml
@@ -19,6 +20,9 @@ class Relay:
         self.port = 0
         self.server: asyncio.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
+        self.serving = 0
+        """Which start() serves now; 0: none (stopped)."""
+        self._starts = 0
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -27,24 +31,49 @@ class Relay:
                 await writer.drain()
         writer.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            writer.close()
+    async def _handle(self, start: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # a connection accepted just before stop() may only come here after it (even after a
+        # start() again), and one that stop() found still connecting upstream was not cut with
+        # the others: neither goes on
+        if not self._open(start, writer):
             return
-        self.writers |= {writer, up_writer}
+        self.writers.add(writer)
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:
+                writer.close()
+                return
+            if not self._open(start, writer):
+                up_writer.transport.abort()
+                return
+            self.writers.add(up_writer)
+            try:
+                await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            finally:
+                self.writers.discard(up_writer)
         finally:
-            self.writers -= {writer, up_writer}
+            self.writers.discard(writer)
+
+    def _open(self, start: int, writer: asyncio.StreamWriter) -> bool:
+        """Whether the relay still serves as it did when it took ``writer``'s connection and did
+        not cut that since; else cut it."""
+        if start == self.serving and not writer.transport.is_closing():
+            return True
+        writer.transport.abort()
+        return False
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._starts += 1
+        self.serving = self._starts
+        self.server = await asyncio.start_server(
+            functools.partial(self._handle, self._starts), "127.0.0.1", self.port
+        )
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         """Refuse new connections and cut the open ones (watches included)."""
+        self.serving = 0
         if self.server is not None:
             self.server.close()
             for writer in list(self.writers):

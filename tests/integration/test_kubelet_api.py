@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import os
 import ssl
 import uuid
@@ -484,11 +485,13 @@ async def test_streams_the_provider_breaks_end_and_an_exec_says_so(
     consumer: LocalCluster,
     provider: LocalCluster,
     provider_route: ProviderRoute,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The connection to the provider cut while streams are open (a partition, or the provider's
     API server killed): ``kubectl exec`` fails and says why instead of passing for a command that
     exited 0, and ``kubectl logs -f`` ends instead of hanging, once the provider has not come back
     in ``log_resume_seconds`` (5 here)."""
+    caplog.set_level(logging.INFO, logger="vk.kubelet.server")  # what the follow did, on a failure
     await _provider_ready(provider, offloaded)
     assert provider_route.relay is not None
     kubectl = Kubectl(consumer)
@@ -510,7 +513,11 @@ async def test_streams_the_provider_breaks_end_and_an_exec_says_so(
         assert "close 1011" in err, err
         assert "the connection to the provider ended before the command's exit status" in err, err
         assert await execd.stdout.read() == b"", "the command's rest cannot have come"
-        assert followed is not None, "kubectl logs -f hung after the provider was cut off"
+        assert followed is not None, "kubectl logs -f hung after the provider was cut off:\n" + "\n".join(
+            f"{r.relativeCreated / 1000:.3f} {r.getMessage()}"
+            for r in caplog.records
+            if r.name == "vk.kubelet.server"
+        )
 
 
 @pytest.mark.parametrize("provider_route", ["relay"], indirect=True)

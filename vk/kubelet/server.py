@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -67,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 RESUME_FIRST_PAUSE = 0.25
 RESUME_MAX_PAUSE = 4.0
+RESUME_LAST_ANSWER = 1.0
+"""Seconds a reopening of a followed log may wait for the provider's answer at least, even at
+the end of the window: one made there still finds a provider just back."""
 LOG_PARAMS = ("follow", "tailLines", "sinceSeconds", "sinceTime", "timestamps", "previous", "limitBytes")
 
 PodLookup = Callable[[ObjectKey], RawObject | None]
@@ -93,7 +95,8 @@ class KubeletContext:
     """The virtual kubelet's own metrics in Prometheus' text format."""
     log_resume_seconds: float = 30.0
     """How long a followed log cut short by the provider is tried again (:mod:`.logresume`)
-    before it ends."""
+    before it ends, waits for the provider's answers included (at most ``RESUME_LAST_ANSWER``
+    later)."""
     followed: tuple[FollowedStore, ...] = ()
     """The stores that tell where they changed (the consumer pods', the twins'): a scrape reads
     again only the pods that changed since the last one (none: every pod, every scrape)."""
@@ -192,11 +195,22 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
     if resume:
         params["timestamps"] = "true"  # where a reopened stream is to go on from
     response: web.StreamResponse | None = None
-    cut_at: float | None = None
+    loop = asyncio.get_running_loop()
+    cut_at: float | None = None  # loop time of the cut being followed across
     pause = RESUME_FIRST_PAUSE
     while True:
+        # once cut, trying again is bounded by the window, waits for answers included: a provider
+        # that takes the connection and never answers (or drops its packets until the connect
+        # timeout) ends the follow when the window ends, not later or never
+        bound = None
+        if cut_at is not None:
+            bound = max(cut_at + ctx.log_resume_seconds, loop.time() + RESUME_LAST_ANSWER)
         try:
-            async with ctx.provider.stream("GET", path, params) as upstream:
+            async with (
+                asyncio.timeout_at(bound) as opening,
+                ctx.provider.stream("GET", path, params) as upstream,
+            ):
+                opening.reschedule(None)  # open: the stream itself runs as long as the container
                 if response is None:
                     response = web.StreamResponse(headers={"Content-Type": "text/plain"})
                     response.enable_chunked_encoding()
@@ -204,7 +218,7 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
                 elif cut_at is not None:
                     logger.info("logs of pod %s/%s followed again after %.1fs",
                                 request.match_info["namespace"], request.match_info["pod"],
-                                time.monotonic() - cut_at)  # fmt: skip
+                                loop.time() - cut_at)  # fmt: skip
                 cut_at, pause = None, RESUME_FIRST_PAUSE
                 async for chunk in upstream.content.iter_any():
                     await response.write(cursor.feed(chunk) if resume else chunk)
@@ -212,6 +226,13 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
                 await response.write(cursor.end())
             await response.write_eof()
             return response
+        except TimeoutError:
+            # only a reopening bounded by the window times out here (the client's own timeouts
+            # come as KubeError)
+            assert response is not None and cut_at is not None
+            return _cut_for_good(
+                request, response, f"no answer in the {ctx.log_resume_seconds:g}s it is tried again"
+            )
         except KubeError as exc:
             if response is None or not response.prepared:
                 # the provider's own words, e.g. 'container "main" in pod "ns/x" is waiting to
@@ -219,28 +240,32 @@ async def container_logs(request: web.Request) -> web.StreamResponse:
                 # passes on with the text
                 code = 400 if exc.status and 400 <= exc.status < 500 else 500
                 return _text(code, exc.reason or "ProviderError", f"provider: {exc.message}")
-            now = time.monotonic()
+            now = loop.time()
             cut_at = now if cut_at is None else cut_at
-            if resume and is_temporary(exc) and now - cut_at < ctx.log_resume_seconds:
-                # cut short while following (the provider restarted, the connection dropped):
-                # go on where it was, rather than end as if the container had
-                if pause == RESUME_FIRST_PAUSE:
-                    logger.info("logs of pod %s/%s cut short by the provider (%s): following again",
-                                request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, RESUME_MAX_PAUSE)
-                if cursor.last is not None:  # else nothing was passed on: the same request again
-                    params = resume_params(params, cursor.last)
-                cursor.reopened()
-                continue
-            # cut short for good: the status is sent, so no error answer can follow. Without
-            # its last chunk the body reads as cut, not ended; answering a second time left the
-            # client waiting for the rest, `kubectl logs -f` forever
-            logger.warning("logs of pod %s/%s cut short by the provider: %s",
-                           request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
-            if request.transport is not None:
-                request.transport.close()
-            return response
+            left = cut_at + ctx.log_resume_seconds - now
+            if not (resume and is_temporary(exc) and left > 0):
+                return _cut_for_good(request, response, exc)
+            # cut short while following (the provider restarted, the connection dropped): go
+            # on where it was, rather than end as if the container had
+            if pause == RESUME_FIRST_PAUSE:
+                logger.info("logs of pod %s/%s cut short by the provider (%s): following again",
+                            request.match_info["namespace"], request.match_info["pod"], exc)  # fmt: skip
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, RESUME_MAX_PAUSE)
+            if cursor.last is not None:  # else nothing was passed on: the same request again
+                params = resume_params(params, cursor.last)
+            cursor.reopened()
+
+
+def _cut_for_good(request: web.Request, response: web.StreamResponse, why: object) -> web.StreamResponse:
+    """End a log stream the provider cut short, as cut. The status is sent, so no error answer
+    can follow: without its last chunk the body reads as cut, not ended (answering a second
+    time left the client waiting for the rest, ``kubectl logs -f`` forever)."""
+    logger.warning("logs of pod %s/%s cut short by the provider: %s",
+                   request.match_info["namespace"], request.match_info["pod"], why)  # fmt: skip
+    if request.transport is not None:
+        request.transport.close()
+    return response
 
 
 async def exec_(request: web.Request) -> web.StreamResponse:

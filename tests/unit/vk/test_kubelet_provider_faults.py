@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -241,6 +242,37 @@ async def test_a_followed_log_whose_provider_stays_away_or_loses_the_twin_ends_c
                     got += chunk
     assert got == b"epoch 1: loss 0.93\n"
     assert calls > 2 if again == 503 else calls == 2
+
+
+async def test_a_followed_log_whose_provider_takes_the_reopening_and_never_answers_ends_with_the_window(
+    provider_at: Opener, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut, then a provider that takes the connection again and never answers it (an API server
+    stuck starting, a relay cut halfway): the follow ends cut once ``log_resume_seconds`` is
+    spent. Waiting for that answer had no bound (a stream has no total timeout): ``kubectl logs
+    -f`` hung until the provider answered, if it ever did."""
+    calls = 0
+    never = asyncio.Event()
+
+    async def log(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return await _stream(request, LINES[:1], end=False)
+        await never.wait()  # holds the request: no status line, no headers
+        raise AssertionError("unreachable")
+
+    caplog.set_level(logging.INFO, logger="vk.kubelet.server")
+    async with _kubelet_before(provider_at, "log", log, resume=1.0) as client:
+        answer = await client.get("/containerLogs/ml/trainer/main?follow=true")
+        got = b""
+        with pytest.raises(ClientPayloadError, match="not completed"):
+            async with asyncio.timeout(10):
+                async for chunk in answer.content.iter_any():
+                    got += chunk
+    assert got == b"epoch 1: loss 0.93\n"
+    assert calls == 2  # the one reopening, held
+    assert "no answer in the 1s it is tried again" in caplog.text
 
 
 SUCCESS = b'\x03{"metadata":{},"status":"Success"}'
