@@ -18,6 +18,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -93,6 +94,27 @@ async def installed(client: KubeClient, crds: list[RawObject]) -> dict[str, bool
     return found
 
 
+@dataclass(frozen=True)
+class EnsuredCrds:
+    """What :func:`ensure_crds` did: every CRD is Established, each applied or kept as it was."""
+
+    applied: list[str]
+    kept: list[str]
+    """Those the cluster has at a newer schema revision than this gpuferry's."""
+
+    @property
+    def names(self) -> list[str]:
+        return sorted([*self.applied, *self.kept])
+
+    def summary(self, what: str) -> str:
+        """``6 {what} and Established``, or, where some were kept, ``5 {what}, 1 kept at a newer
+        schema revision; all Established``. Pure."""
+        if not self.kept:
+            return f"{len(self.applied)} {what} and Established"
+        kept = f"{len(self.kept)} kept at a newer schema revision"
+        return f"{len(self.applied)} {what}, {kept}; all Established"
+
+
 async def ensure_crds(
     client: KubeClient,
     crds: list[RawObject] | None = None,
@@ -100,11 +122,12 @@ async def ensure_crds(
     timeout: float = 60.0,
     progress: Callable[[str], None] = lambda _: None,
     warn: Callable[[str], None] = logger.warning,
-) -> list[str]:
+) -> EnsuredCrds:
     """Apply every CRD, except where the cluster has a newer schema revision of it (``warn`` says
-    so), and wait until all are Established; returns their names."""
+    so), and wait until all are Established."""
     wanted = crds if crds is not None else load_crds()
     names = [str(c["metadata"]["name"]) for c in wanted]
+    kept: list[str] = []
     for crd in wanted:
         try:
             current: RawObject | None = await client.get(CRDS, str(crd["metadata"]["name"]))
@@ -112,6 +135,7 @@ async def ensure_crds(
             current = None
         if (why := newer_on_cluster(current, crd)) is not None:
             warn(why)
+            kept.append(str(crd["metadata"]["name"]))
             continue
         await client.patch(
             CRDS,
@@ -142,4 +166,4 @@ async def ensure_crds(
         raise TimeoutError(
             f"CRDs not Established after {timeout:.0f}s: {', '.join(sorted(pending))}"
         ) from None
-    return names
+    return EnsuredCrds([n for n in names if n not in kept], kept)

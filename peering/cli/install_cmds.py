@@ -423,7 +423,7 @@ async def cmd_install(args: argparse.Namespace) -> int:
         # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
         crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
                                  warn=progress.warn)  # fmt: skip
-        progress.step(f"{len(crds)} CRDs applied and Established")
+        progress.step(crds.summary("CRDs applied"))
         await _adopt_cluster_id(client, args.namespace, progress)
         networking = await _network_values(client, args, roles, progress)
         if networking.get("enabled"):

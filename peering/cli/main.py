@@ -82,13 +82,13 @@ async def cmd_install_crds(args: argparse.Namespace) -> int:
             print(f"  {msg}", file=sys.stderr, flush=True)
 
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
-        names = await ensure_crds(
+        ensured = await ensure_crds(
             client,
             timeout=args.timeout,
             progress=progress,
             warn=Progress(args.quiet).warn,
         )
-    print(f"{len(names)} gpuferry CRDs installed and Established in {time.monotonic() - start:.1f}s")
+    print(f"{ensured.summary('gpuferry CRDs installed')} in {time.monotonic() - start:.1f}s")
     return 0
 
 

@@ -650,7 +650,8 @@ async def test_offload_leaves_the_installed_crds_as_they_are(
 async def test_peer_leaves_a_newer_schema_of_a_crd_as_it_is(cli: Cli, consumer_client: KubeClient) -> None:
     """A CLI older than the gpuferry installed (``peer`` from a laptop not upgraded) put its older
     CRD schemas back over the newer ones, as their owner. Now a CRD whose schema revision on the
-    cluster is higher than this CLI's stays, and ``peer`` says so, also when quiet."""
+    cluster is higher than this CLI's stays, and ``peer`` and ``install crds`` say so, also when
+    quiet."""
     (ours,) = [c for c in load_crds() if c["metadata"]["name"] == str(NAMESPACEOFFLOADINGS)]
     name, revision = ours["metadata"]["name"], schema_revision(ours)
     newer = copy.deepcopy(ours)
@@ -672,6 +673,13 @@ async def test_peer_leaves_a_newer_schema_of_a_crd_as_it_is(cli: Cli, consumer_c
         assert crd["metadata"]["annotations"][REVISION_ANNOTATION] == str(revision + 1)
         for version in crd["spec"]["versions"]:
             assert column in version.get("additionalPrinterColumns", []), version
+        # `install crds` keeps it too, and its last line says so (it said "6 ... installed")
+        code, out, err = await cli("install", "crds", "--kubeconfig", cli.c, "-q")
+        assert code == 0, err
+        assert f"warning: {name} is kept at schema revision {revision + 1}" in err, err
+        assert "5 gpuferry CRDs installed, 1 kept at a newer schema revision; all Established" in out, out
+        crd = await consumer_client.get(CRDS, name)
+        assert crd["metadata"]["annotations"][REVISION_ANNOTATION] == str(revision + 1)
     finally:  # this release's schema back, for the tests after it (as its owner, it drops the column)
         await consumer_client.patch(CRDS, name, ours, patch_type="apply", field_manager=FIELD_MANAGER,
                                     force=True)  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from peering.crds import REVISION_ANNOTATION, load_crds, newer_on_cluster, schema_revision
+from peering.crds import REVISION_ANNOTATION, EnsuredCrds, load_crds, newer_on_cluster, schema_revision
 
 
 def nodes(schema: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
@@ -106,3 +106,14 @@ def test_only_a_newer_revision_on_the_cluster_is_kept(installed: str | None, our
             "older (upgrade this gpuferry; to go back to the older schema on purpose, apply its CRD "
             "files yourself)"
         )
+
+
+def test_what_was_kept_is_said_with_what_was_applied() -> None:
+    """``install`` said "6 CRDs applied" right after the warning that one was kept."""
+    names = [str(c["metadata"]["name"]) for c in load_crds()]
+    assert EnsuredCrds(names, []).summary("CRDs applied") == "6 CRDs applied and Established"
+    kept = EnsuredCrds(names[1:], names[:1])
+    assert kept.summary("CRDs applied") == (
+        "5 CRDs applied, 1 kept at a newer schema revision; all Established"
+    )
+    assert kept.names == sorted(names)
