@@ -7,6 +7,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -47,6 +48,7 @@ from vk.app import forge_options, run
 from vk.forge.fit import per_node_free
 from vk.forge.labels import VIRTUAL_NODE_TAINT_KEY, owner_selector
 from vk.forge.names import twin_namespace
+from vk.forge.node import LARGEST_BLOCK_ANNOTATION
 from vk.forge.pods import remote_pod
 from vk.reflection.pods import GATE_RETRY_SECONDS, REASON_MOUNT
 from vk.settings import VirtualKubeletSettings
@@ -228,6 +230,18 @@ async def fill_h100_nodes(provider_client: KubeClient, namespace: str, *, but_on
     return whole[0]
 
 
+async def no_room_seen(consumer_client: KubeClient, vk: VirtualKubelet, gpus: int) -> None:
+    """Wait until the virtual kubelet's view of the provider has no node with ``gpus`` free GPUs,
+    as the virtual node's largest block says: the blockers just created are in the view its fit
+    gate reads (a pod created before that could still be sent to the provider, and wait there)."""
+
+    def fits_nowhere(node: RawObject) -> bool:
+        shape = (node["metadata"].get("annotations") or {}).get(LARGEST_BLOCK_ANNOTATION)
+        return shape is not None and int(json.loads(shape).get("nvidia.com/gpu", "0")) < gpus
+
+    await wait_for(consumer_client, NODES, vk.node, fits_nowhere, timeout=30)
+
+
 async def held_for_capacity(consumer_client: KubeClient, name: str, namespace: str) -> RawObject:
     """The consumer pod ``name`` once the virtual kubelet holds it for want of provider room."""
     return await wait_for(
@@ -380,6 +394,7 @@ async def test_a_gated_pod_starts_as_soon_as_a_provider_node_has_room(
     provider_ns: str,
 ) -> None:
     idle = await fill_h100_nodes(provider_client, provider_ns)  # every H100 node full
+    await no_room_seen(consumer_client, vk, 8)
     ns = await make_namespace(consumer_client)
     await consumer_client.create(PODS, pod("eight", 8), ns)
     gated = await held_for_capacity(consumer_client, "eight", ns)
