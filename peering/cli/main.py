@@ -75,20 +75,10 @@ async def cmd_version(args: argparse.Namespace) -> int:
 
 
 async def cmd_install_crds(args: argparse.Namespace) -> int:
-    start = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if not args.quiet:
-            print(f"  {msg}", file=sys.stderr, flush=True)
-
+    progress = Progress(args.quiet)  # each CRD on stderr; the summary on stdout
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
-        ensured = await ensure_crds(
-            client,
-            timeout=args.timeout,
-            progress=progress,
-            warn=Progress(args.quiet).warn,
-        )
-    print(f"{ensured.summary('gpuferry CRDs installed')} in {time.monotonic() - start:.1f}s")
+        ensured = await ensure_crds(client, timeout=args.timeout, progress=progress.note, warn=progress.warn)
+    print(f"{ensured.summary('gpuferry CRDs installed')} in {time.monotonic() - progress.start:.1f}s")
     return 0
 
 
