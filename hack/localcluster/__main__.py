@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-import yaml
+from kube import goyaml
 
 from ..images import BuildError
 from .binaries import Binaries, BinariesMissing, ensure_built
@@ -101,7 +101,7 @@ def cmd_values(args: argparse.Namespace) -> int:
         print(f"error: {cluster.spec.name} has no real node with the gpuferry image: run up as root",
               file=sys.stderr)  # fmt: skip
         return 1
-    print(yaml.safe_dump(values, sort_keys=False), end="")
+    print(goyaml.dump(values, sort_keys=False), end="")
     return 0
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from kube import goyaml
 
 from ..images import BuiltImage, build_images
 from . import addons
@@ -148,7 +148,7 @@ def write_kubeconfig(path: Path, spec: ClusterSpec, stem: str, user: str) -> Non
         "contexts": [{"name": ctx, "context": {"cluster": ctx, "user": user}}],
         "current-context": ctx,
     }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(goyaml.dump(config, sort_keys=False))
     path.chmod(0o600)
 
 

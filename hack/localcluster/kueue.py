@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from kube import goyaml
+
 from .binaries import Binaries
 from .cluster import LocalCluster, http_ok
 from .pki import ensure_server_cert
@@ -100,7 +102,7 @@ def start_kueue(cluster: LocalCluster, binaries: Binaries, *, timeout: float = 1
     shutil.copy(pki / "kueue-webhook.crt", cert_dir / "tls.crt")
     shutil.copy(pki / "kueue-webhook.key", cert_dir / "tls.key")
     config = work / "config.yaml"
-    config.write_text(yaml.safe_dump(_config(cluster, cert_dir)))
+    config.write_text(goyaml.dump(_config(cluster, cert_dir)))
     health, _, webhook = kueue_ports(cluster)
     component = Component(
         name=_NAME,

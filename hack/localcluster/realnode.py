@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import yaml
+from kube import goyaml
 
 from .binaries import Binaries
 from .network import local_network
@@ -211,7 +211,7 @@ class RealNode:
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
             "current-context": "local",
         }
-        _write(path, yaml.safe_dump(config, sort_keys=False), mode=0o600)
+        _write(path, goyaml.dump(config, sort_keys=False), mode=0o600)
 
     def prepare(self, *, sandbox_image: str) -> None:
         """Certificates, kubeconfigs, configuration files and the node's cgroups."""
@@ -240,9 +240,9 @@ class RealNode:
         kubelet = kubelet_config(self.spec, paths, node_address=self.address,
                                  serving_cert=pki / f"node-{name}-serving.crt",
                                  serving_key=pki / f"node-{name}-serving.key")  # fmt: skip
-        _write(paths.kubelet_config, yaml.safe_dump(kubelet, sort_keys=False))
+        _write(paths.kubelet_config, goyaml.dump(kubelet, sort_keys=False))
         proxy = kube_proxy_config(self.spec, paths, self.node, node_address=self.address)
-        _write(paths.kube_proxy_config, yaml.safe_dump(proxy, sort_keys=False))
+        _write(paths.kube_proxy_config, goyaml.dump(proxy, sort_keys=False))
         self._ensure_cgroups()
 
     def _ensure_cgroups(self) -> None:

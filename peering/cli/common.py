@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kube import goyaml
 from kube.accelerators import is_accelerator, short_name
 from kube.clients import KubeClient
 from kube.errors import AlreadyExists, NotFound
@@ -152,7 +153,7 @@ def emit(data: Mapping[str, Any], output: str, render_table: Any) -> None:
     if output == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
     elif output == "yaml":
-        print(yaml.safe_dump(dict(data), sort_keys=True), end="")
+        print(goyaml.dump(dict(data)), end="")
     else:
         render_table(console())
 

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
-import yaml
 from cryptography import x509
 
+from kube import goyaml
 from kube.accelerators import dra_resource, is_accelerator, short_name
 from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
@@ -436,7 +436,7 @@ async def cmd_info(args: argparse.Namespace) -> int:
         if "kueue" not in data:
             raise UserError("this cluster borrows no GPUs: there is no provider to queue for")
         docs = [*data["kueue"]["resourceFlavors"], data["kueue"]["clusterQueue"]]
-        print(yaml.safe_dump_all(docs, sort_keys=False), end="")
+        print(goyaml.dump_all(docs, sort_keys=False), end="")
         return 0
     emit(data, args.output, lambda console: _render(data, console))
     return 0

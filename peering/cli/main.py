@@ -15,8 +15,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Any, NoReturn
 
-import yaml
-
+from kube import goyaml
 from kube.clients import KubeClient
 from kube.errors import KubeError, NetworkError
 from kube.kubeconfigs import ConfigError
@@ -41,7 +40,7 @@ def _emit(data: dict[str, Any], output: str, table: list[tuple[str, str]]) -> No
     if output == "json":
         print(json.dumps(data, indent=2, sort_keys=True))
     elif output == "yaml":
-        print(yaml.safe_dump(data, sort_keys=True), end="")
+        print(goyaml.dump(data), end="")
     else:
         t = fold_table(["", ""], show_header=False, box=None)
         for key, value in table:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import yaml
+from kube import goyaml
 
 from .keys import b64
 
@@ -38,4 +38,4 @@ def build_kubeconfig(
         "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": user}}],
         "current-context": cluster_name,
     }
-    return str(yaml.safe_dump(config, sort_keys=False))
+    return goyaml.dump(config, sort_keys=False)
