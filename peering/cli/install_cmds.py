@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from kube import goyaml
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE, ipv4_cidrs
@@ -408,6 +409,18 @@ async def _adopt_declaration(client: KubeClient, namespace: str, progress: Progr
                       "release (its CIDRs are kept)")  # fmt: skip
 
 
+async def _render(helm: str, chart_args: Sequence[str], version: str | None, timeout: float) -> None:
+    """``helm template`` with the values ``install`` will use, for Kubernetes ``version``: the
+    chart's schema and templates refuse bad values here, before anything is changed."""
+    kube_version = ["--kube-version", version] if version else []
+    try:
+        await asyncio.to_thread(
+            _helm, helm, None, None, "template", *chart_args, *kube_version, timeout=timeout
+        )
+    except UserError as exc:
+        raise UserError(f"{exc} (nothing was changed on the cluster)") from None
+
+
 async def cmd_install(args: argparse.Namespace) -> int:
     roles = list(ROLES) if args.role == "both" else [args.role]
     progress = Progress(args.quiet)  # on stderr: stdout stays machine-readable
@@ -419,15 +432,7 @@ async def cmd_install(args: argparse.Namespace) -> int:
         version = (await client.server_version()).get("gitVersion")
         progress.step(f"cluster {client.base_url} (Kubernetes {version})")
         cluster_id = await _cluster_id(client, args)
-        # helm installs crds/ only on a first install and never upgrades them: applied here,
-        # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
-        crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
-                                 warn=progress.warn)  # fmt: skip
-        progress.step(crds.summary("CRDs applied"))
-        await _adopt_cluster_id(client, args.namespace, progress)
         networking = await _network_values(client, args, roles, progress)
-        if networking.get("enabled"):
-            await _adopt_declaration(client, args.namespace, progress)
         values = helm_values(
             cluster_id=cluster_id,
             roles=roles,
@@ -437,19 +442,31 @@ async def cmd_install(args: argparse.Namespace) -> int:
             networking=networking,
         )
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gpuferry-values-") as f:
-            yaml.safe_dump(values, f)
+            f.write(goyaml.dump(values))  # Go's YAML: a tag such as 0e5363800296 stays a string
             f.flush()
             # the user's files, then ours (what the flags say wins over a file), then --set
-            helm_args = ["upgrade", "--install", RELEASE, str(chart), "-n", args.namespace]
-            helm_args.append("--create-namespace")
+            chart_args = [RELEASE, str(chart), "-n", args.namespace]
             for path in args.values or ():
-                helm_args += ["-f", path]
-            helm_args += ["-f", f.name]
+                chart_args += ["-f", path]
+            chart_args += ["-f", f.name]
             for pair in args.set or ():
-                helm_args += ["--set", pair]
+                chart_args += ["--set", pair]
+            # rendered first, which checks the values against the chart's schema: values it refuses
+            # change nothing on the cluster (the adoptions below drop keys from a declaration)
+            await _render(helm, chart_args, version, args.timeout)
+            progress.step("values checked: the chart renders with them")
+            # helm installs crds/ only on a first install and never upgrades them: applied here,
+            # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
+            crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
+                                     warn=progress.warn)  # fmt: skip
+            progress.step(crds.summary("CRDs applied"))
+            await _adopt_cluster_id(client, args.namespace, progress)
+            if networking.get("enabled"):
+                await _adopt_declaration(client, args.namespace, progress)
             out = await asyncio.to_thread(
-                _helm, helm, args.kubeconfig, args.context, *helm_args, timeout=args.timeout
-            )
+                _helm, helm, args.kubeconfig, args.context, "upgrade", "--install", *chart_args,
+                "--create-namespace", timeout=args.timeout,
+            )  # fmt: skip
         revision = next(
             (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("REVISION:")), "?"
         )

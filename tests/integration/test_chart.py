@@ -33,10 +33,12 @@ import yaml
 
 from hack.localcluster import LocalCluster
 from hack.localcluster.network import api_advertise_address, declaration, local_network
+from kube import goyaml
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
 from kube.objects import CSRS, EVENTS, NODES, PODS, RESOURCECLAIMS, RESOURCESLICES, VIRTUALNODES, RawObject
 from kube.ports import free_port
+from peering.cli.install_cmds import helm_values
 from vk.forge.labels import ORIGIN_NAMESPACE
 
 from .clirunner import Cli
@@ -68,7 +70,7 @@ def local_values(cluster: LocalCluster, tmp: Path, **more: object) -> Path:
     values = {**cluster.chart_values(), **more}
     assert values["image"]["pullPolicy"] == "Never", values
     path = tmp / f"{cluster.spec.name}-values.yaml"
-    path.write_text(yaml.safe_dump(values))
+    path.write_text(goyaml.dump(values))
     return path
 
 
@@ -173,6 +175,56 @@ def test_bad_values_are_refused_with_a_clear_message(
     proc = helm(consumer, "template", "gpuferry", str(CHART), *namespace, *args, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+#: the first digits of a hex digest, as hack/ tags the images it builds: a float (0) to Go's YAML
+#: when written unquoted, which made the chart's schema refuse a CI run's image ("got number")
+NUMBER_LIKE_TAG = "0e5363800296"
+
+
+def test_an_image_tag_that_looks_like_a_number_stays_a_string(
+    consumer: LocalCluster, tmp_path: Path
+) -> None:
+    image = f"gpuferry.local:5000/gpuferry:{NUMBER_LIKE_TAG}"
+    networking = {"podCIDRs": ["10.244.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"]}
+    values = helm_values(cluster_id="ml-eu", roles=["consumer"], replicas=None, image=image,
+                         pull_policy="Never", networking=networking)  # fmt: skip
+    path = tmp_path / "values.yaml"
+    path.write_text(goyaml.dump(values))  # as `gpuferry install` writes its values for helm
+    rendered = helm(consumer, "template", "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE,
+                    "-f", str(path)).stdout  # fmt: skip
+    workloads = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in ("Deployment", "DaemonSet")]
+    images = {c["image"] for d in workloads for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {image}
+
+
+async def test_values_the_chart_refuses_change_nothing_on_the_cluster(
+    consumer: LocalCluster, tmp_path: Path
+) -> None:
+    """``install`` renders the chart before it changes anything: a value the schema refuses does
+    not leave hack/'s network declaration given to a release that never came, without the keys
+    that the gateways running as processes need (a CI run's later tests failed on that)."""
+
+    def declared() -> RawObject:
+        found = consumer.kubectl("-n", "kube-system", "get", "configmap", "gpuferry-network", "-o", "json")
+        return json.loads(found)  # type: ignore[no-any-return]
+
+    before, releases = declared(), helm(consumer, "list", "-A", "-q").stdout
+    assert {"gatewayNetns", "gatewayIP"} <= set(before["data"]), before["data"]
+    proc = gpuferry(consumer, tmp_path, "install", "--role", "consumer", "--cluster-id", "ml-eu",
+                    "-f", str(local_values(consumer, tmp_path)),
+                    "--image", f"gpuferry.local/gpuferry:{NUMBER_LIKE_TAG}",
+                    "--set", "image.pullPolicy=Sometimes")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert "must be one of" in line and "nothing was changed on the cluster" in line, proc.stderr
+    assert "/image/tag" not in line, line  # the tag went to helm as a string
+    assert "Traceback" not in proc.stderr
+    after = declared()
+    assert after["data"] == before["data"]
+    assert after["metadata"].get("annotations") == before["metadata"].get("annotations")
+    assert after["metadata"].get("labels") == before["metadata"].get("labels")
+    assert helm(consumer, "list", "-A", "-q").stdout == releases
 
 
 async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
