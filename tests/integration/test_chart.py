@@ -283,25 +283,25 @@ def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) ->
     if not (consumer.has_real_node and provider.has_real_node):
         pytest.fail("the chart's components run on the real nodes: run the tests as root")
     pairs = ((provider, "gpu-farm", "provider"), (consumer, "ml-eu", "consumer"))
-    # both at once: each waits for its own cluster's rollouts (one after the other took 14-17 s)
-    with ThreadPoolExecutor(2) as pool:
-        procs = list(pool.map(lambda pair: gpuferry(
-            pair[0], tmp_path, "install", "--role", pair[2], "--cluster-id", pair[1], "--replicas", "2",
-            "-f", str(local_values(pair[0], tmp_path)), "-o", "json"), pairs))  # fmt: skip
-    for (cluster, cid, role), proc in zip(pairs, procs, strict=True):
-        assert proc.returncode == 0, proc.stderr
-        done = json.loads(proc.stdout)
-        assert done["clusterID"] == cid and done["roles"] == [role]
-        assert {(c["name"], c["ready"]) for c in done["components"]} == {
-            (f"gpuferry-{role}", 2), ("gpuferry-gateway", 1), ("gpuferry-route-agent", 1)}  # fmt: skip
-        assert f"Deployment gpuferry-{role} available" in proc.stderr  # progress, on stderr
-        assert "DaemonSet gpuferry-route-agent available" in proc.stderr
-        # the network: hack/'s declaration gives the CIDRs; the endpoint is the provider's node
-        assert done["network"]["podCIDRs"] == [cluster.spec.pod_cidr]
-        if role == "provider":
-            assert done["network"]["endpoint"] == {"address": local_network(provider.spec).node_address}
-        assert "6 CRDs applied and Established" in proc.stderr  # helm would not upgrade them
-    try:
+    try:  # an install that fails is undone too: later tests find the clusters as hack/ made them
+        # both at once: each waits for its own cluster's rollouts (one after the other took 14-17 s)
+        with ThreadPoolExecutor(2) as pool:
+            procs = list(pool.map(lambda pair: gpuferry(
+                pair[0], tmp_path, "install", "--role", pair[2], "--cluster-id", pair[1], "--replicas", "2",
+                "-f", str(local_values(pair[0], tmp_path)), "-o", "json"), pairs))  # fmt: skip
+        for (cluster, cid, role), proc in zip(pairs, procs, strict=True):
+            assert proc.returncode == 0, proc.stderr
+            done = json.loads(proc.stdout)
+            assert done["clusterID"] == cid and done["roles"] == [role]
+            assert {(c["name"], c["ready"]) for c in done["components"]} == {
+                (f"gpuferry-{role}", 2), ("gpuferry-gateway", 1), ("gpuferry-route-agent", 1)}  # fmt: skip
+            assert f"Deployment gpuferry-{role} available" in proc.stderr  # progress, on stderr
+            assert "DaemonSet gpuferry-route-agent available" in proc.stderr
+            # the network: hack/'s declaration gives the CIDRs; the endpoint is the provider's node
+            assert done["network"]["podCIDRs"] == [cluster.spec.pod_cidr]
+            if role == "provider":
+                assert done["network"]["endpoint"] == {"address": local_network(provider.spec).node_address}
+            assert "6 CRDs applied and Established" in proc.stderr  # helm would not upgrade them
         yield
     finally:
         # a test that failed half-way leaves its peering: undone while the controllers still run
@@ -574,30 +574,40 @@ async def test_uninstall_leaves_nothing_but_the_crds(
     consumer: LocalCluster, provider: LocalCluster, tmp_path: Path
 ) -> None:
     for cluster, role in ((provider, "provider"), (consumer, "consumer")):
-        # peered once before it was installed: the cluster ID that peer recorded is there already,
-        # and install takes it over (helm alone refuses an object of no release)
-        cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
-        cluster.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
-                        f"--from-literal=clusterID=un-{role}")  # fmt: skip
-        proc = gpuferry(cluster, tmp_path, "install", "--role", role,
-                        "-f", str(local_values(cluster, tmp_path)))  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        assert "made by an earlier peer, given to the release" in proc.stderr
-        recorded = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap", "gpuferry-cluster-id",
-                                   "-o", "jsonpath={.data.clusterID}")  # fmt: skip
-        assert recorded == f"un-{role}"
-        assert gpuferry_objects(cluster)
-        proc = gpuferry(cluster, tmp_path, "uninstall")
-        assert proc.returncode == 0, proc.stderr
-        assert "gpuferry uninstalled" in proc.stdout
-        assert gpuferry_objects(cluster) == []
-        # the network declaration the release took over went with it
-        assert cluster.kubectl("-n", "kube-system", "get", "configmap", "gpuferry-network",
-                               "--ignore-not-found", "-o", "name") == ""  # fmt: skip
-        redeclare(cluster)
-        assert "foreignclusters.core.gpuferry.io" in cluster.kubectl("get", "crds", "-o", "name")
-        again = gpuferry(cluster, tmp_path, "uninstall")  # nothing left to remove: says so, succeeds
-        assert again.returncode == 0 and "no helm release gpuferry" in again.stderr
+        try:
+            # peered once before it was installed: the cluster ID that peer recorded is there already,
+            # and install takes it over (helm alone refuses an object of no release)
+            cluster.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+            cluster.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                            f"--from-literal=clusterID=un-{role}")  # fmt: skip
+            proc = gpuferry(cluster, tmp_path, "install", "--role", role,
+                            "-f", str(local_values(cluster, tmp_path)))  # fmt: skip
+            assert proc.returncode == 0, proc.stderr
+            assert "made by an earlier peer, given to the release" in proc.stderr
+            recorded = cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap", "gpuferry-cluster-id",
+                                       "-o", "jsonpath={.data.clusterID}")  # fmt: skip
+            assert recorded == f"un-{role}"
+            assert gpuferry_objects(cluster)
+            proc = gpuferry(cluster, tmp_path, "uninstall")
+            assert proc.returncode == 0, proc.stderr
+            assert "gpuferry uninstalled" in proc.stdout
+            assert gpuferry_objects(cluster) == []
+            # the network declaration the release took over went with it
+            assert cluster.kubectl("-n", "kube-system", "get", "configmap", "gpuferry-network",
+                                   "--ignore-not-found", "-o", "name") == ""  # fmt: skip
+            redeclare(cluster)
+            assert "foreignclusters.core.gpuferry.io" in cluster.kubectl("get", "crds", "-o", "name")
+            again = gpuferry(cluster, tmp_path, "uninstall")  # nothing left to remove: says so, succeeds
+            assert again.returncode == 0 and "no helm release gpuferry" in again.stderr
+        except BaseException:  # undone, so that later tests find the cluster as hack/ made it
+            gpuferry(cluster, tmp_path, "uninstall", "--force", "-q")
+            cluster.kubectl("-n", SYSTEM_NAMESPACE, "delete", "configmap", "gpuferry-cluster-id",
+                            "--ignore-not-found")  # fmt: skip
+            # (made again: one given to a release that never came keeps helm's annotations)
+            cluster.kubectl("-n", "kube-system", "delete", "configmap", "gpuferry-network",
+                            "--ignore-not-found")  # fmt: skip
+            redeclare(cluster)
+            raise
     # --crds: the CRDs go too, waited for all at once; `install crds` brings them back
     proc = gpuferry(consumer, tmp_path, "uninstall", "--crds")
     assert proc.returncode == 0, proc.stderr
