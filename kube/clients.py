@@ -75,6 +75,19 @@ def resource_of(path: str) -> str:
     return rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
 
 
+def served_of(path: str) -> str:
+    """The resource a request path is for, as ``plural.group (group/version)`` (``pods (v1)``);
+    ``""`` for a path that names none, or whose answer comes from elsewhere (a kubelet or a
+    service through ``proxy``). Pure."""
+    resource, _, subresource = resource_of(path).partition("/")
+    if not resource or subresource == "proxy":
+        return ""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[0] == "api":
+        return f"{resource} ({parts[1]})"
+    return f"{resource}.{parts[1]} ({parts[1]}/{parts[2]})"
+
+
 def _query(params: Params | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in (params or {}).items():
@@ -210,6 +223,15 @@ class KubeClient:
             headers["Authorization"] = auth
         return headers
 
+    def _error(
+        self, resp: aiohttp.ClientResponse, body: bytes, path: str, key: ObjectKey | None
+    ) -> KubeError:
+        """The classified error of a non-2xx answer to a request for ``path``."""
+        retry_after = resp.headers.get("Retry-After")
+        return from_response(
+            resp.status, body, key, retry_after=retry_after, served=served_of(path), server=self.base_url
+        )
+
     async def request(
         self,
         method: str,
@@ -266,7 +288,7 @@ class KubeClient:
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
-                    raise from_response(resp.status, body, key, retry_after=resp.headers.get("Retry-After"))
+                    raise self._error(resp, body, path, key)
         except KubeError as exc:
             _ERRORS.labels(verb, type(exc).__name__).inc()
             raise
@@ -313,7 +335,7 @@ class KubeClient:
             ) as resp:
                 if resp.status >= 400:
                     body = await resp.read()
-                    raise from_response(resp.status, body, key, retry_after=resp.headers.get("Retry-After"))
+                    raise self._error(resp, body, path, key)
                 yield resp
         except KubeError as exc:
             _ERRORS.labels(verb, type(exc).__name__).inc()

@@ -43,7 +43,14 @@ __all__ = [
     "from_response",
     "is_temporary",
     "namespace_terminating",
+    "not_served_message",
 ]
+
+#: the message of the API server's 404 for a path it serves nothing at (a resource type it does
+#: not know: a CRD not installed, an API group turned off), as against an object that is missing
+NOT_SERVED = "the server could not find the requested resource"
+#: its answer, in plain text and no Status, under an API group it does not know at all
+PAGE_NOT_FOUND = "404 page not found"
 
 
 class KubeError(Exception):
@@ -106,8 +113,16 @@ class NotFound(KubeError):
 
 
 class ResourceNotServed(NotFound):
-    """404 on a *list*: the API server does not serve the resource type at all (a CRD not
-    installed, an API group turned off); a list in a namespace that does not exist is empty."""
+    """404 because the API server does not serve the resource type at all (a CRD not installed,
+    an API group turned off): any 404 on a list (a list in a namespace that does not exist is
+    empty), and the API server's own answer for a path it serves nothing at."""
+
+
+def not_served_message(served: str, server: str = "") -> str:
+    """What a :class:`ResourceNotServed` says, for ``served`` as ``plural.group (group/version)``
+    and the API server at ``server``."""
+    at = f" at {server}" if server else ""
+    return f"the API server{at} does not serve {served}: is its CustomResourceDefinition installed?"
 
 
 class Conflict(KubeError):
@@ -205,17 +220,29 @@ def _parse_retry_after(value: object) -> float | None:
     return max(seconds, 0.0)
 
 
+def _not_served(message: str, text: str, served: str) -> bool:
+    """Whether a 404 without an object's name says the path serves nothing (not: an object is
+    missing); the plain-text answer counts only where the path is the API server's own."""
+    return message == NOT_SERVED or bool(served and text == PAGE_NOT_FOUND)
+
+
 def from_response(
     status: int,
     body: bytes | str | Mapping[str, Any] | None,
     key: ObjectKey | None = None,
     *,
     retry_after: str | float | None = None,
+    served: str = "",
+    server: str = "",
 ) -> KubeError:
     """The error for an HTTP ``status`` and its body, normally a ``Status`` object.
 
     ``retry_after`` is the ``Retry-After`` header; ``details.retryAfterSeconds`` in the body is
-    used when the header is missing. A body that is not JSON becomes the message.
+    used when the header is missing. A body that is not JSON becomes the message. ``served`` names
+    the resource the request was for (``plural.group (group/version)``; empty for a path that the
+    API server hands to something else, such as a kubelet through ``nodes/proxy``) and ``server``
+    the API server: a 404 saying the path serves nothing becomes :class:`ResourceNotServed`,
+    naming both.
     """
     parsed: Mapping[str, Any] = {}
     text = ""
@@ -239,6 +266,9 @@ def from_response(
         key = ObjectKey(None, str(details["name"]))
     if status == 409 and reason == "AlreadyExists":
         cls: type[KubeError] = AlreadyExists
+    elif status == 404 and not details.get("name") and _not_served(message, text, served):
+        cls = ResourceNotServed
+        message = not_served_message(served, server) if served else message
     elif status >= 500:
         cls = ServerError
     else:

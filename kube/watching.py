@@ -39,6 +39,7 @@ from .errors import (
     from_exception,
     from_response,
     is_temporary,
+    not_served_message,
 )
 from .metrics import counter
 from .objects import ObjectKey, RawObject, Resource
@@ -133,10 +134,12 @@ async def _list(
             limit=settings.page_size,
         )
     except NotFound as exc:  # a list is never "not found" for lack of objects: the type is missing
+        if isinstance(exc, ResourceNotServed):
+            raise
         served = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
         raise ResourceNotServed(
-            f"the API server does not serve {served} ({resource.api_version}): is its "
-            "CustomResourceDefinition installed?", status=exc.status, reason=exc.reason, body=exc.body,
+            not_served_message(f"{served} ({resource.api_version})"),
+            status=exc.status, reason=exc.reason, body=exc.body,
         ) from exc  # fmt: skip
     return str(listing["metadata"]["resourceVersion"]), listing["items"]
 

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from kube import goyaml
 from kube.clients import KubeClient
-from kube.errors import KubeError, NetworkError
+from kube.errors import KubeError, NetworkError, ResourceNotServed
 from kube.kubeconfigs import ConfigError
 from peering.crds import ensure_crds, installed, load_crds
 from peering.flow import PeeringError
@@ -195,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: kubeconfig: {exc}", file=sys.stderr)
     except NetworkError as exc:
         print(f"error: cannot reach the API server: {exc}", file=sys.stderr)
+    except ResourceNotServed as exc:
+        # a cluster without gpuferry's CRDs (never installed, or uninstalled with --crds)
+        said = str(exc.args[0]) if exc.args else str(exc)  # no "404 NotFound:" before what it means
+        ours = ".gpuferry.io" in said
+        hint = " (`gpuferry install crds --kubeconfig KUBECONFIG` installs gpuferry's)" if ours else ""
+        print(f"error: {said}{hint}", file=sys.stderr)
     except KubeError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except (TimeoutError, FileNotFoundError) as exc:

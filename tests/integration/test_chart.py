@@ -613,6 +613,21 @@ async def test_uninstall_leaves_nothing_but_the_crds(
     assert proc.returncode == 0, proc.stderr
     assert "6 CRDs deleted" in proc.stderr and "gpuferry uninstalled with its CRDs" in proc.stdout
     assert [n for n in consumer.kubectl("get", "crds", "-o", "name").split() if "gpuferry.io" in n] == []
+    # a cluster peered once (its cluster ID is there) whose CRDs went: offload says what is missing
+    consumer.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+    try:
+        consumer.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                         "--from-literal=clusterID=ml-eu")  # fmt: skip
+        proc = gpuferry(consumer, tmp_path, "offload", "namespace", "default")
+        assert proc.returncode == 1
+        assert proc.stderr.strip() == (
+            f"error: the API server at {consumer.spec.server} does not serve "
+            "virtualnodes.offloading.gpuferry.io (offloading.gpuferry.io/v1alpha1): "
+            "is its CustomResourceDefinition installed? "
+            "(`gpuferry install crds --kubeconfig KUBECONFIG` installs gpuferry's)"
+        ), proc.stderr
+    finally:
+        consumer.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--wait")
     proc = gpuferry(consumer, tmp_path, "install", "crds")
     assert proc.returncode == 0, proc.stderr
     assert len([n for n in consumer.kubectl("get", "crds", "-o", "name").split() if "gpuferry.io" in n]) == 6

@@ -67,11 +67,16 @@ class Fault:
     reason: str = "InternalError"
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    message: str = ""
+
+    text: str = ""  # a plain-text body instead of a Status (as Go's http.NotFound writes)
 
     def response(self) -> web.Response:
+        if self.text:
+            return web.Response(status=self.code, text=self.text, headers=self.headers)
         return web.Response(
             status=self.code,
-            body=orjson.dumps(status(self.code, self.reason)),
+            body=orjson.dumps(status(self.code, self.reason, self.message)),
             content_type="application/json",
             headers=self.headers,
         )

@@ -21,8 +21,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from kube.clients import KubeClient, resource_of
-from kube.errors import AlreadyExists, Invalid, NotFound, ServerError, Timeout, TooManyRequests, Unreachable
+from kube.clients import KubeClient, resource_of, served_of
+from kube.errors import (
+    AlreadyExists,
+    Invalid,
+    NotFound,
+    ResourceNotServed,
+    ServerError,
+    Timeout,
+    TooManyRequests,
+    Unreachable,
+)
 from kube.kubeconfigs import ConfigError, in_cluster, load_kubeconfig
 from kube.objects import CONFIGMAPS, NODES
 from kube.settings import ClientSettings
@@ -108,6 +117,57 @@ async def test_non_2xx_is_raised_classified(
         await client.get(CONFIGMAPS, "a", NS)
     assert getattr(raised.value, "object_key", None) is not None
     assert str(raised.value.object_key) == f"{NS}/a"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [  # the API server's answers for a path it serves nothing at
+        Fault(404, "NotFound", message="the server could not find the requested resource"),  # known group
+        Fault(404, text="404 page not found"),  # a group it does not know: plain text, no Status
+    ],
+)
+async def test_a_404_for_a_type_the_server_does_not_serve_names_the_type_and_the_server(
+    fake: FakeApi, client: KubeClient, fault: Fault
+) -> None:
+    fake.faults = [fault]
+    with pytest.raises(ResourceNotServed) as raised:
+        await client.get(CONFIGMAPS, "a", NS)
+    assert (
+        f"the API server at {client.base_url} does not serve configmaps (v1): "
+        "is its CustomResourceDefinition installed?"
+    ) in str(raised.value)
+
+
+async def test_a_404_page_from_a_kubelet_through_the_node_proxy_is_only_not_found(
+    fake: FakeApi, client: KubeClient
+) -> None:
+    fake.faults = [Fault(404, text="404 page not found")]  # the kubelet's, not the API server's
+    with pytest.raises(NotFound) as proxied:
+        await client.request("GET", "/api/v1/nodes/n/proxy/no/such/path")
+    assert not isinstance(proxied.value, ResourceNotServed)
+    assert "404 page not found" in str(proxied.value)
+    # an object that is missing is only NotFound (still caught as one by every caller)
+    fake.faults = [Fault(404, "NotFound", message='configmaps "a" not found')]
+    with pytest.raises(NotFound) as missing:
+        await client.get(CONFIGMAPS, "a", NS)
+    assert not isinstance(missing.value, ResourceNotServed)
+
+
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        ("/apis/offloading.gpuferry.io/v1alpha1/namespaces/ml/namespaceoffloadings/offloading",
+         "namespaceoffloadings.offloading.gpuferry.io (offloading.gpuferry.io/v1alpha1)"),
+        ("/apis/core.gpuferry.io/v1alpha1/foreignclusters?limit=5",
+         "foreignclusters.core.gpuferry.io (core.gpuferry.io/v1alpha1)"),
+        ("/api/v1/namespaces/ml/pods/p/log", "pods (v1)"),
+        ("/api/v1/namespaces/ml", "namespaces (v1)"),
+        ("/api/v1/nodes/vk/proxy/containerLogs/ml/p/c", ""),
+        ("/version", ""),
+    ],
+)  # fmt: skip
+def test_served_of_names_the_resource_of_a_path(path: str, served: str) -> None:
+    assert served_of(path) == served
 
 
 async def test_429_carries_retry_after(fake: FakeApi, kubeconfig: Path) -> None:
