@@ -32,7 +32,7 @@ from kube.api import (
     PROVIDER_UNREACHABLE_TAINT_KEY,
 )
 from kube.clients import KubeClient
-from kube.errors import KubeError, NotFound
+from kube.errors import Forbidden, KubeError, NotFound
 from kube.objects import (
     NAMESPACES,
     NODES,
@@ -150,13 +150,21 @@ async def cmd_offload(args: argparse.Namespace) -> int:
             await consumer.get(NAMESPACES, ns)
         except NotFound:
             raise UserError(f"namespace {ns} not found on the consumer") from None
-        consumer_id = await read_cluster_id(consumer)
-        if consumer_id is None:
-            raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
-        # peered: the CRDs are there (`peer` or the chart put them); applying them again here
-        # would ask a cluster-wide right of whoever offloads a namespace, and a CLI older than the
-        # installed gpuferry would put its older schemas back over the newer ones
-        await peered_providers(consumer, args.provider)
+        try:
+            consumer_id = await read_cluster_id(consumer)
+            if consumer_id is None:
+                raise UserError("this cluster is not peered with any provider: run `gpuferry peer` first")
+            # peered: the CRDs are there (`peer` or the chart put them); applying them again here
+            # would ask a cluster-wide right of whoever offloads a namespace, and a CLI older than
+            # the installed gpuferry would put its older schemas back over the newer ones
+            await peered_providers(consumer, args.provider)
+        except Forbidden:
+            # a namespace's admin (consumer.namespaceAdminsOffload) does not read gpuferry's own
+            # namespace: the offloading's status says which providers take it, or why none does
+            progress.note(
+                f"cannot read the peerings in {flow.CONSUMER_NAMESPACE} (not allowed): the offloading's "
+                "status tells which providers take it"
+            )
         body = offloading_object(ns, args)
         try:
             await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)

@@ -32,7 +32,9 @@ import pytest
 import yaml
 
 from hack.localcluster import LocalCluster
+from hack.localcluster.cluster import write_kubeconfig
 from hack.localcluster.network import api_advertise_address, declaration, local_network
+from hack.localcluster.pki import ClientIdentity, ensure_client_cert
 from kube import goyaml
 from kube.api import SYSTEM_NAMESPACE, virtual_node_name
 from kube.clients import KubeClient
@@ -264,6 +266,17 @@ def gpuferry(cluster: LocalCluster, tmp: Path, *args: str) -> subprocess.Complet
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
 
 
+def namespace_admin(cluster: LocalCluster, namespace: str, tmp: Path) -> Path:
+    """The kubeconfig of user ``<namespace>-admin``, an admin of ``namespace`` alone (the admin
+    role bound in it), with a client certificate of the cluster's CA."""
+    user = f"{namespace}-admin"
+    ensure_client_cert(cluster.spec.pki_dir, ClientIdentity(f"test-{user}", user))
+    path = tmp / f"{user}.kubeconfig"
+    write_kubeconfig(path, cluster.spec, f"test-{user}", user)
+    cluster.kubectl("-n", namespace, "create", "rolebinding", user, "--clusterrole=admin", f"--user={user}")
+    return path
+
+
 def redeclare(cluster: LocalCluster) -> None:
     """hack/'s network declaration again (the release took it over and removed it with itself),
     for the tests that run the gateways as local processes."""
@@ -288,7 +301,8 @@ def installed(consumer: LocalCluster, provider: LocalCluster, tmp_path: Path) ->
         with ThreadPoolExecutor(2) as pool:
             procs = list(pool.map(lambda pair: gpuferry(
                 pair[0], tmp_path, "install", "--role", pair[2], "--cluster-id", pair[1], "--replicas", "2",
-                "-f", str(local_values(pair[0], tmp_path)), "-o", "json"), pairs))  # fmt: skip
+                "-f", str(local_values(pair[0], tmp_path)), "--set", "consumer.namespaceAdminsOffload=true",
+                "-o", "json"), pairs))  # fmt: skip
         for (cluster, cid, role), proc in zip(pairs, procs, strict=True):
             assert proc.returncode == 0, proc.stderr
             done = json.loads(proc.stdout)
@@ -381,7 +395,18 @@ async def test_installed_controllers_peer_and_offload_as_pods(
 
     consumer.kubectl("create", "namespace", "chart-work")
     try:
-        await cli.ok("offload", "namespace", "chart-work", "--kubeconfig", cli.c)
+        # the namespace's own admin offloads it (consumer.namespaceAdminsOffload): the admin role,
+        # bound in it alone, which lets no one read gpuferry-system
+        admin = namespace_admin(consumer, "chart-work", tmp_path)
+        asked = (("create", "chart-work"), ("create", "default"), ("list", "chart-work"))
+        can = [consumer.kubectl("auth", "can-i", verb, "namespaceoffloadings.offloading.gpuferry.io",
+                                "-n", ns, "--as", "chart-work-admin", check=False).strip()
+               for verb, ns in asked]  # fmt: skip
+        assert can == ["yes", "no", "yes"]
+        code, out, err = await cli("offload", "namespace", "chart-work", "--kubeconfig", str(admin))
+        assert code == 0 and "Traceback" not in err, err + out
+        assert "cannot read the peerings in gpuferry-system (not allowed)" in err, err
+        assert "gpu-farm: twin namespace chart-work-ml-eu ready" in err, err
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "chart-work"},
                "spec": {"containers": [{"name": "c", "image": "cuda",
                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
