@@ -167,19 +167,26 @@ async def cmd_offload(args: argparse.Namespace) -> int:
             )
         body = offloading_object(ns, args)
         try:
-            await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
-            existed = True
-        except NotFound:
-            existed = False
-        obj = await consumer.patch(
-            NAMESPACEOFFLOADINGS,
-            OFFLOADING_NAME,
-            body,
-            ns,
-            patch_type="apply",
-            field_manager="gpuferry-cli",
-            force=True,
-        )
+            try:
+                await consumer.get(NAMESPACEOFFLOADINGS, OFFLOADING_NAME, ns)
+                existed = True
+            except NotFound:
+                existed = False
+            obj = await consumer.patch(
+                NAMESPACEOFFLOADINGS,
+                OFFLOADING_NAME,
+                body,
+                ns,
+                patch_type="apply",
+                field_manager="gpuferry-cli",
+                force=True,
+            )
+        except Forbidden as exc:
+            raise UserError(
+                f"{exc.args[0]}: offloading {ns} takes the right to write its NamespaceOffloading, which "
+                "the namespace's admins have where gpuferry is installed with "
+                "consumer.namespaceAdminsOffload=true"
+            ) from None
         progress.step(
             f"NamespaceOffloading {ns}/{OFFLOADING_NAME} applied; the consumer agent asks for twin namespaces"
         )

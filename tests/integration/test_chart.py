@@ -266,14 +266,14 @@ def gpuferry(cluster: LocalCluster, tmp: Path, *args: str) -> subprocess.Complet
     return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
 
 
-def namespace_admin(cluster: LocalCluster, namespace: str, tmp: Path) -> Path:
-    """The kubeconfig of user ``<namespace>-admin``, an admin of ``namespace`` alone (the admin
-    role bound in it), with a client certificate of the cluster's CA."""
-    user = f"{namespace}-admin"
+def namespace_user(cluster: LocalCluster, namespace: str, role: str, tmp: Path) -> Path:
+    """The kubeconfig of user ``<namespace>-<role>``, with the built-in ``role`` (admin, edit,
+    view) bound in ``namespace`` alone and a client certificate of the cluster's CA."""
+    user = f"{namespace}-{role}"
     ensure_client_cert(cluster.spec.pki_dir, ClientIdentity(f"test-{user}", user))
     path = tmp / f"{user}.kubeconfig"
     write_kubeconfig(path, cluster.spec, f"test-{user}", user)
-    cluster.kubectl("-n", namespace, "create", "rolebinding", user, "--clusterrole=admin", f"--user={user}")
+    cluster.kubectl("-n", namespace, "create", "rolebinding", user, f"--clusterrole={role}", f"--user={user}")
     return path
 
 
@@ -397,12 +397,20 @@ async def test_installed_controllers_peer_and_offload_as_pods(
     try:
         # the namespace's own admin offloads it (consumer.namespaceAdminsOffload): the admin role,
         # bound in it alone, which lets no one read gpuferry-system
-        admin = namespace_admin(consumer, "chart-work", tmp_path)
+        admin = namespace_user(consumer, "chart-work", "admin", tmp_path)
         asked = (("create", "chart-work"), ("create", "default"), ("list", "chart-work"))
         can = [consumer.kubectl("auth", "can-i", verb, "namespaceoffloadings.offloading.gpuferry.io",
                                 "-n", ns, "--as", "chart-work-admin", check=False).strip()
                for verb, ns in asked]  # fmt: skip
         assert can == ["yes", "no", "yes"]
+        # an editor of the namespace is not enough: told what it takes, and nothing is written
+        editor = namespace_user(consumer, "chart-work", "edit", tmp_path)
+        code, out, err = await cli("offload", "namespace", "chart-work", "--kubeconfig", str(editor))
+        assert code == 1 and "Traceback" not in err, err + out
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert 'User "chart-work-edit" cannot patch resource "namespaceoffloadings"' in line, line
+        assert "consumer.namespaceAdminsOffload=true" in line, line
+        assert not consumer.kubectl("-n", "chart-work", "get", "namespaceoffloadings", "-o", "name")
         code, out, err = await cli("offload", "namespace", "chart-work", "--kubeconfig", str(admin))
         assert code == 0 and "Traceback" not in err, err + out
         assert "cannot read the peerings in gpuferry-system (not allowed)" in err, err
