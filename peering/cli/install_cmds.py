@@ -275,16 +275,16 @@ async def _wait_ready(
 
 async def _adopt(
     client: KubeClient, name: str, namespace: str, release_namespace: str, drop: Sequence[str] = ()
-) -> bool:
+) -> RawObject | None:
     """Give a ConfigMap that exists outside any release to ours (helm's ownership label and
     annotations; helm alone refuses to take it over), without the keys ``drop`` (helm's merge
-    would keep keys the chart does not render); True when it did."""
+    would keep keys the chart does not render); the ConfigMap as it was when it did, else None."""
     try:
         cm = await client.get(CONFIGMAPS, name, namespace)
     except NotFound:
-        return False
+        return None
     if (cm["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name") == RELEASE:
-        return False
+        return None
     ownership = {
         "labels": {"app.kubernetes.io/managed-by": "Helm"},
         "annotations": {
@@ -296,15 +296,16 @@ async def _adopt(
     if drop:
         patch["data"] = dict.fromkeys(drop)
     await client.patch(CONFIGMAPS, name, patch, namespace)
-    return True
+    return cm
 
 
-async def _adopt_cluster_id(client: KubeClient, namespace: str, progress: Progress) -> None:
+async def _adopt_cluster_id(client: KubeClient, namespace: str, progress: Progress) -> RawObject | None:
     """A cluster peered before it was installed has the cluster-ID ConfigMap that ``peer`` made,
     which the chart makes too: it is given to the release, keeping its data."""
-    if await _adopt(client, CLUSTER_ID_CONFIGMAP, namespace, namespace):
+    if adopted := await _adopt(client, CLUSTER_ID_CONFIGMAP, namespace, namespace):
         where = f"{namespace}/{CLUSTER_ID_CONFIGMAP}"
         progress.step(f"ConfigMap {where}, made by an earlier peer, given to the release")
+    return adopted
 
 
 def user_network_values(files: Sequence[str] | None, pairs: Sequence[str] | None) -> dict[str, Any]:
@@ -399,14 +400,56 @@ async def _network_values(
     return values
 
 
-async def _adopt_declaration(client: KubeClient, namespace: str, progress: Progress) -> None:
+async def _adopt_declaration(client: KubeClient, namespace: str, progress: Progress) -> RawObject | None:
     """A network declaration written by hand (or by hack/) is given to the release, which
     renders it from values from now on (its CIDRs and address were read into them)."""
     # where gateway processes ran on a machine: the chart's gateway pod replaces them
     machine_keys = ("gatewayNetns", "gatewayIP")
-    if await _adopt(client, DECLARATION_NAME, DECLARATION_NAMESPACE, namespace, drop=machine_keys):
+    if adopted := await _adopt(client, DECLARATION_NAME, DECLARATION_NAMESPACE, namespace, drop=machine_keys):
         progress.step(f"ConfigMap {DECLARATION_NAMESPACE}/{DECLARATION_NAME}, made by hand, given to the "
                       "release (its CIDRs are kept)")  # fmt: skip
+    return adopted
+
+
+def _release_exists(helm: str, args: argparse.Namespace) -> bool:
+    """Whether helm has our release in the namespace (in any state)."""
+    try:
+        _helm(helm, args.kubeconfig, args.context, "status", RELEASE, "-n", args.namespace,
+              timeout=args.timeout)  # fmt: skip
+    except UserError:
+        return False
+    return True
+
+
+async def _undo_first_install(
+    client: KubeClient, helm: str, args: argparse.Namespace, adopted: Sequence[RawObject]
+) -> str:
+    """A first install that helm did not finish, undone: its release uninstalled (which deletes
+    what it had made, and the ConfigMaps given to it), those ConfigMaps made again as they were.
+    Says what was done."""
+    try:
+        await asyncio.to_thread(
+            _helm, helm, args.kubeconfig, args.context, "uninstall", RELEASE, "-n", args.namespace,
+            "--wait", timeout=args.timeout,
+        )  # fmt: skip
+    except UserError as exc:
+        if "not found" not in str(exc):
+            return f"not undone ({exc}): `gpuferry uninstall --force` removes what it made"
+    for cm in adopted:
+        meta = cm["metadata"]
+        again = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta},
+            "data": cm.get("data") or {},
+        }
+        with contextlib.suppress(NotFound):
+            await client.delete(CONFIGMAPS, meta["name"], meta["namespace"])
+        await client.create(CONFIGMAPS, again, meta["namespace"])
+    again_as_was = [
+        f"ConfigMap {c['metadata']['namespace']}/{c['metadata']['name']} as it was" for c in adopted
+    ]
+    return ", ".join(["undone: the release removed", *again_as_was])
 
 
 async def _render(helm: str, chart_args: Sequence[str], version: str | None, timeout: float) -> None:
@@ -460,13 +503,20 @@ async def cmd_install(args: argparse.Namespace) -> int:
             crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
                                      warn=progress.warn)  # fmt: skip
             progress.step(crds.summary("CRDs applied"))
-            await _adopt_cluster_id(client, args.namespace, progress)
+            first = not await asyncio.to_thread(_release_exists, helm, args)
+            adopted = [await _adopt_cluster_id(client, args.namespace, progress)]
             if networking.get("enabled"):
-                await _adopt_declaration(client, args.namespace, progress)
-            out = await asyncio.to_thread(
-                _helm, helm, args.kubeconfig, args.context, "upgrade", "--install", *chart_args,
-                "--create-namespace", timeout=args.timeout,
-            )  # fmt: skip
+                adopted.append(await _adopt_declaration(client, args.namespace, progress))
+            try:
+                out = await asyncio.to_thread(
+                    _helm, helm, args.kubeconfig, args.context, "upgrade", "--install", *chart_args,
+                    "--create-namespace", timeout=args.timeout,
+                )  # fmt: skip
+            except UserError as exc:
+                if not first:
+                    raise  # helm keeps the release's last good revision (helm rollback goes back to it)
+                undone = await _undo_first_install(client, helm, args, [a for a in adopted if a])
+                raise UserError(f"{exc}; {undone}") from None
         revision = next(
             (line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("REVISION:")), "?"
         )

@@ -229,6 +229,43 @@ async def test_values_the_chart_refuses_change_nothing_on_the_cluster(
     assert helm(consumer, "list", "-A", "-q").stdout == releases
 
 
+async def test_a_first_install_that_helm_cannot_finish_is_undone(
+    provider: LocalCluster, tmp_path: Path
+) -> None:
+    """Values the chart renders but the API server refuses (a CPU request that is no quantity):
+    helm fails after install gave it the ConfigMaps of an earlier peer and of hack/'s network;
+    the release goes and those come back as they were."""
+
+    def configmap(namespace: str, name: str) -> RawObject:
+        found = json.loads(provider.kubectl("-n", namespace, "get", "configmap", name, "-o", "json"))
+        meta = found["metadata"]
+        return {"data": found.get("data"), "labels": meta.get("labels"),
+                "annotations": meta.get("annotations")}  # fmt: skip
+
+    provider.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+    try:
+        provider.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                         "--from-literal=clusterID=gpu-farm")  # fmt: skip
+        kept = (("kube-system", "gpuferry-network"), (SYSTEM_NAMESPACE, "gpuferry-cluster-id"))
+        before = [configmap(*cm) for cm in kept]
+        proc = gpuferry(provider, tmp_path, "install", "--role", "provider",
+                        "-f", str(local_values(provider, tmp_path)),
+                        "--set", "provider.resources.requests.cpu=lots")  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "helm upgrade failed" in line and "quantities must match" in line, line
+        assert line.endswith(
+            f"undone: the release removed, ConfigMap {SYSTEM_NAMESPACE}/gpuferry-cluster-id as it was, "
+            "ConfigMap kube-system/gpuferry-network as it was"
+        ), line
+        assert [configmap(*cm) for cm in kept] == before
+        assert helm(provider, "list", "-A", "-q").stdout.strip() == ""
+        assert provider.kubectl("get", "deployments", "-n", SYSTEM_NAMESPACE, "-o", "name") == ""
+    finally:
+        provider.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--wait")
+        redeclare(provider)
+
+
 async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
     """The running pod of the virtual kubelet of gpu-farm ({} if none after ``timeout``)."""
     loop = asyncio.get_running_loop()
