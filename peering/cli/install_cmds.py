@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from kube import goyaml
 from kube.api import SYSTEM_NAMESPACE
 from kube.clients import KubeClient
 from kube.declaration import DECLARATION_NAME, DECLARATION_NAMESPACE, ipv4_cidrs
-from kube.errors import NotFound
+from kube.errors import KubeError, NotFound
 from kube.informers import Informer
 from kube.objects import (
     CLUSTERROLEBINDINGS,
@@ -421,12 +422,36 @@ def _release_exists(helm: str, args: argparse.Namespace) -> bool:
     return True
 
 
+def configmap_as_was(cm: RawObject) -> RawObject:
+    """The ConfigMap ``cm`` to create again: its name, namespace, labels, annotations and data,
+    without what the API server sets. Pure."""
+    meta = cm["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta},
+        "data": cm.get("data") or {},
+    }
+
+
+def keep_manifest(obj: RawObject, now: float | None = None) -> Path:
+    """``obj`` written as YAML under ``$GPUFERRY_CACHE/install/`` (a new file each time), for
+    ``kubectl create -f``: what an undo could not put back is not lost."""
+    cache = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    meta = obj["metadata"]
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    path = cache / "install" / f"{obj['kind'].lower()}-{meta['namespace']}-{meta['name']}-{stamp}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(goyaml.dump(obj))
+    return path
+
+
 async def _undo_first_install(
     client: KubeClient, helm: str, args: argparse.Namespace, adopted: Sequence[RawObject]
 ) -> str:
     """A first install that helm did not finish, undone: its release uninstalled (which deletes
     what it had made, and the ConfigMaps given to it), those ConfigMaps made again as they were.
-    Says what was done."""
+    Says what was done; a ConfigMap that could not be made again is saved to a file, named."""
     try:
         await asyncio.to_thread(
             _helm, helm, args.kubeconfig, args.context, "uninstall", RELEASE, "-n", args.namespace,
@@ -435,21 +460,21 @@ async def _undo_first_install(
     except UserError as exc:
         if "not found" not in str(exc):
             return f"not undone ({exc}): `gpuferry uninstall --force` removes what it made"
+    said = ["undone: the release removed"]
     for cm in adopted:
-        meta = cm["metadata"]
-        again = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta},
-            "data": cm.get("data") or {},
-        }
-        with contextlib.suppress(NotFound):
-            await client.delete(CONFIGMAPS, meta["name"], meta["namespace"])
-        await client.create(CONFIGMAPS, again, meta["namespace"])
-    again_as_was = [
-        f"ConfigMap {c['metadata']['namespace']}/{c['metadata']['name']} as it was" for c in adopted
-    ]
-    return ", ".join(["undone: the release removed", *again_as_was])
+        again = configmap_as_was(cm)
+        name, namespace = again["metadata"]["name"], again["metadata"]["namespace"]
+        try:
+            with contextlib.suppress(NotFound):
+                await client.delete(CONFIGMAPS, name, namespace)
+            await client.create(CONFIGMAPS, again, namespace)
+        except KubeError as exc:  # told with helm's error, not in place of it
+            kept = keep_manifest(again)
+            said.append(f"ConfigMap {namespace}/{name} NOT made again ({exc}): it is saved in {kept} "
+                        f"(`kubectl create -f {kept}` makes it again)")  # fmt: skip
+        else:
+            said.append(f"ConfigMap {namespace}/{name} as it was")
+    return ", ".join(said)
 
 
 async def _render(helm: str, chart_args: Sequence[str], version: str | None, timeout: float) -> None:

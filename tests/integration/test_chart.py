@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from hack.localcluster import LocalCluster
-from hack.localcluster.cluster import write_kubeconfig
+from hack.localcluster.cluster import KubectlFailed, write_kubeconfig
 from hack.localcluster.network import api_advertise_address, declaration, local_network
 from hack.localcluster.pki import ClientIdentity, ensure_client_cert
 from kube import goyaml
@@ -265,6 +265,82 @@ async def test_a_first_install_that_helm_cannot_finish_is_undone(
         provider.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--wait")
         redeclare(provider)
 
+
+DENY_CLUSTER_ID: list[RawObject] = [
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+     "metadata": {"name": "test-no-cluster-id"},
+     "spec": {"failurePolicy": "Fail",
+              "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                      "operations": ["CREATE"],
+                                                      "resources": ["configmaps"]}]},
+              "validations": [{"expression": "!(object.metadata.name in ['gpuferry-cluster-id', 'probe'])",
+                               "message": "no cluster ID for you"}]}},
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+     "metadata": {"name": "test-no-cluster-id"},
+     "spec": {"policyName": "test-no-cluster-id", "validationActions": ["Deny"],
+              "matchResources": {"namespaceSelector": {"matchLabels": {
+                  "kubernetes.io/metadata.name": SYSTEM_NAMESPACE}}}}},
+]  # fmt: skip
+
+
+def kubectl_until(cluster: LocalCluster, done: Any, *args: str, timeout: float = 20) -> str:
+    """``kubectl ARGS`` again every 0.2 s until ``done(stdout, stderr)``; its last stderr, or stdout.
+    For what the API server takes in a moment after it is written (an admission policy)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            out, err = cluster.kubectl(*args), ""
+        except KubectlFailed as exc:
+            out, err = "", str(exc)
+        if done(out, err) or time.monotonic() > deadline:
+            return err or out
+        time.sleep(0.2)
+
+
+def test_a_configmap_the_undo_cannot_make_again_is_saved_and_named_beside_helms_error(
+    provider: LocalCluster, tmp_path: Path
+) -> None:
+    """The undo of a failed first install: the API server refuses to create the earlier peer's
+    cluster-ID ConfigMap again (an admission policy here; a quota, a webhook at a user's). helm's
+    error is still told, the network declaration still comes back, and the cluster ID is in a
+    file that ``kubectl create -f`` makes again, as it was."""
+    provider.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+    policy = "\n---\n".join(json.dumps(o) for o in DENY_CLUSTER_ID)
+    try:
+        provider.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                         "--from-literal=clusterID=gpu-farm")  # fmt: skip
+        before = json.loads(provider.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap",
+                                             "gpuferry-cluster-id", "-o", "json"))  # fmt: skip
+        provider.kubectl("apply", "-f", "-", input=policy)
+        probe = ("-n", SYSTEM_NAMESPACE, "create", "configmap", "probe", "--dry-run=server")
+        said = kubectl_until(provider, lambda out, err: "no cluster ID for you" in err, *probe)
+        assert "no cluster ID for you" in said, said
+        proc = gpuferry(provider, tmp_path, "install", "--role", "provider",
+                        "-f", str(local_values(provider, tmp_path)),
+                        "--set", "provider.resources.requests.cpu=lots")  # fmt: skip
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "helm upgrade failed" in line and "quantities must match" in line, line
+        assert "undone: the release removed" in line, line
+        assert "ConfigMap kube-system/gpuferry-network as it was" in line, line
+        saved = list((tmp_path / "cache" / "install").glob("configmap-*-gpuferry-cluster-id-*.yaml"))
+        assert len(saved) == 1, saved
+        assert f"ConfigMap {SYSTEM_NAMESPACE}/gpuferry-cluster-id NOT made again" in line, line
+        assert "no cluster ID for you" in line and f"`kubectl create -f {saved[0]}`" in line, line
+        assert not provider.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap", "--ignore-not-found",
+                                    "gpuferry-cluster-id", "-o", "name")  # fmt: skip
+        provider.kubectl("delete", "-f", "-", input=policy)
+        said = kubectl_until(provider, lambda out, err: not err, "create", "-f", str(saved[0]))
+        assert "created" in said, said
+        again = json.loads(provider.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap",
+                                            "gpuferry-cluster-id", "-o", "json"))  # fmt: skip
+        assert again["data"] == before["data"] == {"clusterID": "gpu-farm"}
+        assert again["metadata"].get("labels") == before["metadata"].get("labels")
+        assert helm(provider, "list", "-A", "-q").stdout.strip() == ""
+    finally:
+        provider.kubectl("delete", "--ignore-not-found", "-f", "-", input=policy)
+        provider.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--wait")
+        redeclare(provider)
 
 async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
     """The running pod of the virtual kubelet of gpu-farm ({} if none after ``timeout``)."""

@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from peering.cli.common import UserError
 from peering.cli.install_cmds import (
     chart_dir,
+    configmap_as_was,
     find_helm,
     helm_values,
     installation_state,
+    keep_manifest,
     user_network_values,
 )
 
@@ -223,3 +226,43 @@ def test_install_crds_takes_the_kubeconfig_before_or_after_crds() -> None:
     for argv in (["install", "--kubeconfig", "k", "crds"], ["install", "crds", "--kubeconfig", "k"]):
         assert build_parser().parse_args(argv).kubeconfig == "k", argv
     assert build_parser().parse_args(["install", "crds"]).kubeconfig is None
+
+
+ADOPTED = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {
+        "name": "gpuferry-network", "namespace": "kube-system", "uid": "u-1", "resourceVersion": "42",
+        "creationTimestamp": "2026-12-08T00:00:00Z", "labels": {"a": "b"},
+        "annotations": {"meta.helm.sh/release-name": "gpuferry"}, "managedFields": [{"manager": "x"}],
+    },
+    "data": {"podCIDRs": "10.244.0.0/16", "gatewayIP": "0e5363800296"},
+}  # fmt: skip
+
+
+def test_a_configmap_made_again_keeps_what_it_held_and_nothing_the_server_set() -> None:
+    again = configmap_as_was(ADOPTED)
+    assert again == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpuferry-network", "namespace": "kube-system", "labels": {"a": "b"},
+                     "annotations": {"meta.helm.sh/release-name": "gpuferry"}},
+        "data": {"podCIDRs": "10.244.0.0/16", "gatewayIP": "0e5363800296"},
+    }  # fmt: skip
+    bare = configmap_as_was({"metadata": {"name": "n", "namespace": "s"}})
+    assert bare["metadata"] == {"name": "n", "namespace": "s"} and bare["data"] == {}
+
+
+def test_what_an_undo_could_not_put_back_is_kept_in_a_new_file_each_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFERRY_CACHE", str(tmp_path))
+    again = configmap_as_was(ADOPTED)
+    first = keep_manifest(again, now=0.0)
+    second = keep_manifest(again, now=1.0)
+    assert first == tmp_path / "install" / "configmap-kube-system-gpuferry-network-19700101T000000.yaml"
+    assert second != first and first.is_file()
+    # kubectl gets back the very object: the number-like string quoted, so Go reads a string too
+    text = first.read_text()
+    assert yaml.safe_load(text) == again and "'0e5363800296'" in text, text
+
