@@ -2,7 +2,9 @@
 
 ``install`` finds helm and the chart, settles the cluster ID (the one the cluster already has,
 the one given, or one derived from the kubeconfig context), runs ``helm upgrade --install`` with
-the values it knows plus the user's (``-f``, ``--set``), then waits until every component's
+the values it knows plus the user's (``-f``, ``--set``), over those of the last install (an
+upgrade keeps what was set before, as ``helm upgrade --reset-then-reuse-values`` would; not with
+``--reset-values``), then waits until every component's
 Deployment is available, saying which are, and stops at the first pod that cannot start with why
 (an image not on the node, a crash loop and its last words, no node for it).
 
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import glob
+import json
 import os
 import re
 import shutil
@@ -422,6 +425,66 @@ def _release_exists(helm: str, args: argparse.Namespace) -> bool:
     return True
 
 
+def _last_values(helm: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The values the release's last install was given (``-f``, ``--set``, and install's own), as
+    ``helm get values`` says: not the chart's defaults."""
+    out = _helm(helm, args.kubeconfig, args.context, "get", "values", RELEASE, "-n", args.namespace,
+                "-o", "json", timeout=args.timeout)  # fmt: skip
+    given = json.loads(out or "null")
+    return given if isinstance(given, dict) else {}
+
+
+def flat_keys(values: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of ``values``' leaves (a list is one), as ``--set`` names them. Pure."""
+    keys: list[str] = []
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        keys += flat_keys(value, f"{name}.") if isinstance(value, Mapping) and value else [name]
+    return keys
+
+
+def set_keys(pairs: Sequence[str]) -> set[str]:
+    """The dotted keys that ``--set`` arguments name, as helm reads them: ``a.b=1,c={x,y}`` names
+    ``a.b`` and ``c``; ``a\\.b=1`` names ``a.b``; ``l[0].x=1`` names ``l``. Pure."""
+    keys: set[str] = set()
+    for pair in pairs:
+        depth, start, parts = 0, 0, []
+        for i, ch in enumerate(pair):
+            escaped = i > 0 and pair[i - 1] == "\\"
+            depth += (ch == "{") - (ch == "}") if not escaped else 0
+            if ch == "," and depth == 0 and not escaped:
+                parts.append(pair[start:i])
+                start = i + 1
+        parts.append(pair[start:])
+        for part in parts:
+            key = re.split(r"(?<!\\)=", part, maxsplit=1)[0].split("[", 1)[0]  # a list is one value
+            keys.add(key.replace("\\.", "."))
+    return keys
+
+
+def _given_keys(ours: Mapping[str, Any], files: Sequence[str], sets: Sequence[str]) -> set[str]:
+    """The keys this install gives: its own values', its ``-f`` files' (one that does not read is
+    left to helm, which says why), its ``--set``'s."""
+    keys = set(flat_keys(ours)) | set_keys(sets)
+    for path in files:
+        with contextlib.suppress(OSError, yaml.YAMLError):
+            loaded = yaml.safe_load(Path(path).read_text())
+            keys |= set(flat_keys(loaded)) if isinstance(loaded, Mapping) else set()
+    return keys
+
+
+def values_arguments(*, last: str | None, files: Sequence[str], ours: str, sets: Sequence[str]) -> list[str]:
+    """helm's values arguments, each over the one before: the last install's values (``last``,
+    a file; None: from the chart's defaults), the user's files, install's own (what its flags say
+    wins over a file), then each ``--set``. Pure."""
+    args = ["-f", last] if last else []
+    for path in [*files, ours]:
+        args += ["-f", path]
+    for pair in sets:
+        args += ["--set", pair]
+    return args
+
+
 def configmap_as_was(cm: RawObject) -> RawObject:
     """The ConfigMap ``cm`` to create again: its name, namespace, labels, annotations and data,
     without what the API server sets. Pure."""
@@ -477,7 +540,9 @@ async def _undo_first_install(
     return ", ".join(said)
 
 
-async def _render(helm: str, chart_args: Sequence[str], version: str | None, timeout: float) -> None:
+async def _render(
+    helm: str, chart_args: Sequence[str], version: str | None, timeout: float, hint: str = ""
+) -> None:
     """``helm template`` with the values ``install`` will use, for Kubernetes ``version``: the
     chart's schema and templates refuse bad values here, before anything is changed."""
     kube_version = ["--kube-version", version] if version else []
@@ -486,7 +551,7 @@ async def _render(helm: str, chart_args: Sequence[str], version: str | None, tim
             _helm, helm, None, None, "template", *chart_args, *kube_version, timeout=timeout
         )
     except UserError as exc:
-        raise UserError(f"{exc} (nothing was changed on the cluster)") from None
+        raise UserError(f"{exc} (nothing was changed on the cluster){hint}") from None
 
 
 async def cmd_install(args: argparse.Namespace) -> int:
@@ -509,26 +574,27 @@ async def cmd_install(args: argparse.Namespace) -> int:
             pull_policy=args.pull_policy,
             networking=networking,
         )
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gpuferry-values-") as f:
-            f.write(goyaml.dump(values))  # Go's YAML: a tag such as 0e5363800296 stays a string
-            f.flush()
-            # the user's files, then ours (what the flags say wins over a file), then --set
-            chart_args = [RELEASE, str(chart), "-n", args.namespace]
-            for path in args.values or ():
-                chart_args += ["-f", path]
-            chart_args += ["-f", f.name]
-            for pair in args.set or ():
-                chart_args += ["--set", pair]
+        first = not await asyncio.to_thread(_release_exists, helm, args)
+        before = {} if first or args.reset_values else await asyncio.to_thread(_last_values, helm, args)
+        if kept := sorted(set(flat_keys(before)) - _given_keys(values, args.values or (), args.set or ())):
+            progress.step(f"kept from the last install (--reset-values drops them): {', '.join(kept)}")
+        with tempfile.TemporaryDirectory(prefix="gpuferry-values-") as tmp:
+            ours, last = Path(tmp, "values.yaml"), Path(tmp, "last-values.yaml")
+            for path, content in ((ours, values), (last, before)):
+                path.write_text(goyaml.dump(content))  # Go's YAML: a tag such as 0e5363800296 stays a string
+            given = values_arguments(last=str(last) if before else None, files=args.values or (),
+                                     ours=str(ours), sets=args.set or ())  # fmt: skip
+            chart_args = [RELEASE, str(chart), "-n", args.namespace, *given]
             # rendered first, which checks the values against the chart's schema: values it refuses
             # change nothing on the cluster (the adoptions below drop keys from a declaration)
-            await _render(helm, chart_args, version, args.timeout)
+            hint = "; values kept from the last install are in it (--reset-values drops them)"
+            await _render(helm, chart_args, version, args.timeout, hint if before else "")
             progress.step("values checked: the chart renders with them")
             # helm installs crds/ only on a first install and never upgrades them: applied here,
             # so that an upgrade brings the new schemas (server-side apply: a no-op when unchanged)
             crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
                                      warn=progress.warn)  # fmt: skip
             progress.step(crds.summary("CRDs applied"))
-            first = not await asyncio.to_thread(_release_exists, helm, args)
             adopted = [await _adopt_cluster_id(client, args.namespace, progress)]
             if networking.get("enabled"):
                 adopted.append(await _adopt_declaration(client, args.namespace, progress))
@@ -558,6 +624,7 @@ async def cmd_install(args: argparse.Namespace) -> int:
         "revision": revision,
         "components": components,
         "network": networking,
+        "keptValues": kept,
     }
 
     def table(console: Any) -> None:
@@ -693,6 +760,11 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         "-f", "--values", action="append", metavar="FILE", help="more helm values (repeatable)"
     )
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a helm value (repeatable)")
+    parser.add_argument(
+        "--reset-values",
+        action="store_true",
+        help="an upgrade starts from the chart's defaults, not from what the last install set",
+    )
     net = parser.add_argument_group(
         "network fabric", "the gateway and route agents; what is not given is found in the cluster "
         "(its network declaration, else the nodes' pod CIDRs, the ServiceCIDRs, a node's address)"

@@ -142,7 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
             """Install gpuferry's controllers in the cluster with its Helm chart (helm upgrade
             --install), then wait until they are available. A provider lends GPUs, a consumer
             borrows them through virtual nodes; a cluster may be both. Running it again upgrades
-            the release with the flags given. `gpuferry install crds` applies only the CRDs.""",
+            the release: what the flags, -f and --set give now, over what the last install set
+            (its values are kept; --reset-values starts from the chart's defaults instead).
+            `gpuferry install crds` applies only the CRDs.""",
             "gpuferry install --kubeconfig provider.yaml --role provider",
             "gpuferry install --kubeconfig consumer.yaml --role consumer",
             "gpuferry install --kubeconfig consumer.yaml crds",

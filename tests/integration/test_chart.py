@@ -576,12 +576,28 @@ async def test_installed_controllers_peer_and_offload_as_pods(
             assert cluster.node is not None
             cluster.node.ctr("images", "tag", "--force", cluster.images["gpuferry"], newer)
             values = str(local_values(cluster, tmp_path))
-            setting = ["--set", "virtualKubelet.providerEvents=warnings"] if role == "consumer" else []
+            # the consumer keeps what its first install set (consumer.namespaceAdminsOffload: its
+            # namespace admin unoffloads below); the provider starts from the chart's defaults
+            setting = (["--set", "virtualKubelet.providerEvents=warnings"] if role == "consumer"
+                       else ["--reset-values"])  # fmt: skip
             proc = gpuferry(cluster, tmp_path, "install", "--role", role, "--cluster-id", cid,
                             "--replicas", "2", "-f", values, "--image", newer, *setting,
                             "-o", "json")  # fmt: skip
             assert proc.returncode == 0, proc.stderr
-            assert json.loads(proc.stdout)["revision"] == "2"
+            done = json.loads(proc.stdout)
+            assert done["revision"] == "2"
+            given = json.loads(helm(cluster, "get", "values", "gpuferry", "-n", SYSTEM_NAMESPACE,
+                                    "-o", "json").stdout)  # fmt: skip
+            if role == "consumer":
+                assert done["keptValues"] == ["consumer.namespaceAdminsOffload"], done["keptValues"]
+                assert "kept from the last install (--reset-values drops them): " \
+                    "consumer.namespaceAdminsOffload" in proc.stderr, proc.stderr
+                assert given["consumer"]["namespaceAdminsOffload"] is True, given
+                assert given["virtualKubelet"]["providerEvents"] == "warnings", given
+            else:
+                assert done["keptValues"] == [] and "kept from" not in proc.stderr, proc.stderr
+                assert "namespaceAdminsOffload" not in given.get("consumer", {}), given
+            assert given["image"]["tag"] == "upgraded", given
             pods = json.loads(cluster.kubectl("-n", SYSTEM_NAMESPACE, "get", "pods", "-o", "json", "-l",
                                               f"app.kubernetes.io/component in ({role},gateway,route-agent)",
                                               ))["items"]  # fmt: skip
@@ -624,10 +640,28 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert train["metadata"]["uid"] == running["metadata"]["uid"]
         assert (await kubelet_api_pods(consumer, proxy))["items"][0]["metadata"]["name"] == "train"
 
-        await cli.ok("unoffload", "namespace", "chart-work", "--kubeconfig", cli.c)
+        # and its admin unoffloads it: the pod goes, its twin first, then the twin namespace
+        code, out, err = await cli("unoffload", "namespace", "chart-work", "--kubeconfig", str(admin))
+        assert code == 0 and "Traceback" not in err, err + out
+        assert "gpu-farm: twin namespace chart-work-ml-eu removed" in err, err
+        assert not consumer.kubectl("-n", "chart-work", "get", "pods,namespaceoffloadings", "-o", "name")
+        assert not provider.kubectl("-n", "chart-work-ml-eu", "get", "pods", "-o", "name")
     finally:
         consumer.kubectl("delete", "namespace", "chart-work", "--wait=false")
     await cli.ok("unpeer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p)
+    # a namespace's admin, who cannot see that the cluster is no longer peered, is told at once by
+    # the consumer agent, not after --timeout; nothing is left behind
+    consumer.kubectl("create", "namespace", "chart-late")
+    try:
+        late = namespace_user(consumer, "chart-late", "admin", tmp_path)
+        code, out, err = await cli("offload", "namespace", "chart-late", "--kubeconfig", str(late),
+                                   "--timeout", "100")  # fmt: skip
+        assert code == 1 and "Traceback" not in err, err + out
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert "namespace chart-late cannot be offloaded: no peered provider is selected" in line, line
+        assert not consumer.kubectl("-n", "chart-late", "get", "namespaceoffloadings", "-o", "name")
+    finally:
+        consumer.kubectl("delete", "namespace", "chart-late", "--wait=false")
     # the virtual kubelet went with its VirtualNode: Deployment, account, binding, Node
     assert consumer.kubectl("-n", SYSTEM_NAMESPACE, "get", "deploy,sa", "-l",
                             "app.kubernetes.io/component=virtual-kubelet", "-o", "name") == ""  # fmt: skip

@@ -18,10 +18,13 @@ from peering.cli.install_cmds import (
     chart_dir,
     configmap_as_was,
     find_helm,
+    flat_keys,
     helm_values,
     installation_state,
     keep_manifest,
+    set_keys,
     user_network_values,
+    values_arguments,
 )
 
 
@@ -266,3 +269,35 @@ def test_what_an_undo_could_not_put_back_is_kept_in_a_new_file_each_time(
     text = first.read_text()
     assert yaml.safe_load(text) == again and "'0e5363800296'" in text, text
 
+
+def test_values_are_named_by_their_dotted_keys_as_set_names_them() -> None:
+    given = {"clusterID": "ml-eu", "consumer": {"enabled": True, "namespaceAdminsOffload": True},
+             "networking": {"podCIDRs": ["10.244.0.0/16"], "endpoint": {}},
+             "image": {"tag": "1"}}  # fmt: skip
+    assert flat_keys(given) == [
+        "clusterID", "consumer.enabled", "consumer.namespaceAdminsOffload", "networking.podCIDRs",
+        "networking.endpoint", "image.tag",
+    ]  # fmt: skip
+    assert flat_keys({}) == []
+
+
+def test_an_upgrade_gives_helm_the_last_values_first_and_set_last() -> None:
+    assert values_arguments(last="last.yaml", files=["a.yaml", "b.yaml"], ours="ours.yaml",
+                            sets=["x=1", "y=2"]) == [
+        "-f", "last.yaml", "-f", "a.yaml", "-f", "b.yaml", "-f", "ours.yaml", "--set", "x=1", "--set", "y=2",
+    ]  # fmt: skip
+    # a first install, or --reset-values: from the chart's defaults
+    assert values_arguments(last=None, files=[], ours="ours.yaml", sets=[]) == ["-f", "ours.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("pairs", "keys"),
+    [
+        (["a.b=1"], {"a.b"}),
+        (["a.b=1,c={x,y}", "d=e=f"], {"a.b", "c", "d"}),
+        (["nodeSelector.gpuferry\\.io/real-node=", "x=a\\,b=c"], {"nodeSelector.gpuferry.io/real-node", "x"}),
+        (["tolerations[0].key=k", "l[1]=v"], {"tolerations", "l"}),
+    ],
+)
+def test_the_keys_a_set_names_are_those_helm_reads(pairs: list[str], keys: set[str]) -> None:
+    assert set_keys(pairs) == keys
