@@ -210,8 +210,17 @@ def _helm(helm: str, kubeconfig: str | None, context: str | None, *args: str, ti
         raise UserError(f"cannot run {helm}: {exc}") from None
     if proc.returncode != 0:
         said = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        raise UserError(f"helm {args[0]} failed: {said}")
+        raise UserError(f"helm {args[0]} failed: {without_long_quotes(said)}")
     return proc.stdout
+
+
+QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def without_long_quotes(text: str, limit: int = 160) -> str:
+    """``text`` with each quoted string longer than ``limit`` cut to its start: helm quotes a whole
+    object the API server refused (kilobytes of JSON for a Deployment) before saying why. Pure."""
+    return QUOTED.sub(lambda m: m[0] if len(m[0]) <= limit else m[0][: limit // 2] + '…"', text)
 
 
 async def _cluster_id(client: KubeClient, args: argparse.Namespace) -> str:
@@ -425,13 +434,29 @@ def _release_exists(helm: str, args: argparse.Namespace) -> bool:
     return True
 
 
-def _last_values(helm: str, args: argparse.Namespace) -> dict[str, Any]:
-    """The values the release's last install was given (``-f``, ``--set``, and install's own), as
-    ``helm get values`` says: not the chart's defaults."""
-    out = _helm(helm, args.kubeconfig, args.context, "get", "values", RELEASE, "-n", args.namespace,
-                "-o", "json", timeout=args.timeout)  # fmt: skip
+def good_revision(history: Sequence[Mapping[str, Any]]) -> int | None:
+    """The revision of the release to build on, from ``helm history -o json``: the one deployed
+    (an upgrade that failed leaves the one before it deployed, and its own values bad), else the
+    latest. None: no history. Pure."""
+    revisions = sorted(history, key=lambda r: int(r.get("revision") or 0))
+    deployed = [r for r in revisions if r.get("status") == "deployed"]
+    chosen = deployed or revisions
+    return int(chosen[-1].get("revision") or 0) if chosen else None
+
+
+def _last_values(helm: str, args: argparse.Namespace) -> tuple[int | None, dict[str, Any]]:
+    """The revision to build on (:func:`good_revision`) and the values it was given (``-f``,
+    ``--set``, and install's own), as ``helm get values`` says: not the chart's defaults."""
+    common = ("-n", args.namespace, "-o", "json")
+    history = json.loads(_helm(helm, args.kubeconfig, args.context, "history", RELEASE, *common,
+                               "--max", "256", timeout=args.timeout) or "[]")  # fmt: skip
+    chosen = good_revision(history if isinstance(history, list) else [])
+    if chosen is None:
+        return None, {}
+    out = _helm(helm, args.kubeconfig, args.context, "get", "values", RELEASE, *common,
+                "--revision", str(chosen), timeout=args.timeout)  # fmt: skip
     given = json.loads(out or "null")
-    return given if isinstance(given, dict) else {}
+    return chosen, given if isinstance(given, dict) else {}
 
 
 def flat_keys(values: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -575,9 +600,13 @@ async def cmd_install(args: argparse.Namespace) -> int:
             networking=networking,
         )
         first = not await asyncio.to_thread(_release_exists, helm, args)
-        before = {} if first or args.reset_values else await asyncio.to_thread(_last_values, helm, args)
+        good: int | None = None
+        before: dict[str, Any] = {}
+        if not first:
+            good, before = await asyncio.to_thread(_last_values, helm, args)
+            before = {} if args.reset_values else before
         if kept := sorted(set(flat_keys(before)) - _given_keys(values, args.values or (), args.set or ())):
-            progress.step(f"kept from the last install (--reset-values drops them): {', '.join(kept)}")
+            progress.step(f"kept from revision {good} (--reset-values drops them): {', '.join(kept)}")
         with tempfile.TemporaryDirectory(prefix="gpuferry-values-") as tmp:
             ours, last = Path(tmp, "values.yaml"), Path(tmp, "last-values.yaml")
             for path, content in ((ours, values), (last, before)):
@@ -604,8 +633,10 @@ async def cmd_install(args: argparse.Namespace) -> int:
                     "--create-namespace", timeout=args.timeout,
                 )  # fmt: skip
             except UserError as exc:
-                if not first:
-                    raise  # helm keeps the release's last good revision (helm rollback goes back to it)
+                if not first:  # helm keeps the release's last good revision; objects it changed stay
+                    back = f"`helm rollback {RELEASE} {good or ''} -n {args.namespace}` puts its objects back"
+                    said = f"{exc}; revision {good} is the release's last good one ({back})"
+                    raise UserError(said) from None
                 undone = await _undo_first_install(client, helm, args, [a for a in adopted if a])
                 raise UserError(f"{exc}; {undone}") from None
         revision = next(

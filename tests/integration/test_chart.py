@@ -590,7 +590,7 @@ async def test_installed_controllers_peer_and_offload_as_pods(
                                     "-o", "json").stdout)  # fmt: skip
             if role == "consumer":
                 assert done["keptValues"] == ["consumer.namespaceAdminsOffload"], done["keptValues"]
-                assert "kept from the last install (--reset-values drops them): " \
+                assert "kept from revision 1 (--reset-values drops them): " \
                     "consumer.namespaceAdminsOffload" in proc.stderr, proc.stderr
                 assert given["consumer"]["namespaceAdminsOffload"] is True, given
                 assert given["virtualKubelet"]["providerEvents"] == "warnings", given
@@ -603,6 +603,23 @@ async def test_installed_controllers_peer_and_offload_as_pods(
                                               ))["items"]  # fmt: skip
             live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
             assert {c["image"] for p in live for c in p["spec"]["containers"]} == {newer}, role
+        # an upgrade the API server refuses (a value the schema allows): helm's reason, without the
+        # object it quotes, and the revision to go back to; the next install builds on that one,
+        # not on the refused values
+        provider_image = provider.images["gpuferry"].rsplit(":", 1)[0] + ":upgraded"
+        again = ["install", "--role", "provider", "--cluster-id", "gpu-farm",
+                 "-f", str(local_values(provider, tmp_path)), "--image", provider_image]  # fmt: skip
+        proc = gpuferry(provider, tmp_path, *again, "--set", "provider.resources.requests.cpu=lots")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "helm upgrade failed" in line and "quantities must match" in line and len(line) < 1500, line
+        assert line.endswith(f"revision 2 is the release's last good one (`helm rollback gpuferry 2 -n "
+                             f"{SYSTEM_NAMESPACE}` puts its objects back)"), line  # fmt: skip
+        proc = gpuferry(provider, tmp_path, *again, "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        done = json.loads(proc.stdout)
+        assert (done["revision"], done["keptValues"]) == ("4", ["provider.replicas"]), done
+        assert "kept from revision 2 (--reset-values drops them): provider.replicas" in proc.stderr
         upgraded = await kubelet_pod(consumer, timeout=120)
         for _ in range(240):
             if (

@@ -3,6 +3,7 @@ as stuck, where it finds helm; and its refusals of bad input, through the real c
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -19,12 +20,14 @@ from peering.cli.install_cmds import (
     configmap_as_was,
     find_helm,
     flat_keys,
+    good_revision,
     helm_values,
     installation_state,
     keep_manifest,
     set_keys,
     user_network_values,
     values_arguments,
+    without_long_quotes,
 )
 
 
@@ -301,3 +304,24 @@ def test_an_upgrade_gives_helm_the_last_values_first_and_set_last() -> None:
 )
 def test_the_keys_a_set_names_are_those_helm_reads(pairs: list[str], keys: set[str]) -> None:
     assert set_keys(pairs) == keys
+
+
+def test_an_upgrade_builds_on_the_deployed_revision_not_on_one_that_failed() -> None:
+    history = [{"revision": 1, "status": "superseded"}, {"revision": 3, "status": "failed"},
+               {"revision": 2, "status": "deployed"}]  # fmt: skip
+    assert good_revision(history) == 2
+    stuck = [{"revision": 1, "status": "failed"}, {"revision": 2, "status": "pending-upgrade"}]
+    assert good_revision(stuck) == 2
+    assert good_revision([]) is None
+
+
+def test_helms_error_keeps_why_and_loses_the_object_it_quotes() -> None:
+    refused = json.dumps(json.dumps({"kind": "Deployment", "spec": {"x": "y" * 5000}}))
+    head = 'Error: UPGRADE FAILED: cannot patch "gpuferry-provider" with kind Deployment:  ""'
+    why = "quantities must match the regular expression '^([+-]?[0-9.]+)$'"
+    short = without_long_quotes(f"{head} is invalid: patch: Invalid value: {refused}: {why}")
+    assert len(short) < 400, short
+    assert short.startswith(head), short
+    assert 'Invalid value: "{\\"kind\\": \\"Deployment\\"' in short, short
+    assert short.endswith(why), short
+    assert without_long_quotes('a "short" one') == 'a "short" one'
