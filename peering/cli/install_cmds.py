@@ -604,6 +604,10 @@ async def cmd_install(args: argparse.Namespace) -> int:
         before: dict[str, Any] = {}
         if not first:
             good, before = await asyncio.to_thread(_last_values, helm, args)
+            had = [r for r in ROLES if (before.get(r) or {}).get("enabled")]
+            dropped = dropped_in_use(had, roles, await _peers_by_role(client))
+            if dropped and not args.force:
+                raise UserError(f"{dropped} (nothing was changed on the cluster)")
             before = {} if args.reset_values else before
         if kept := sorted(set(flat_keys(before)) - _given_keys(values, args.values or (), args.set or ())):
             progress.step(f"kept from revision {good} (--reset-values drops them): {', '.join(kept)}")
@@ -673,6 +677,51 @@ async def cmd_install(args: argparse.Namespace) -> int:
 
     emit(data, args.output, table)
     return 0
+
+
+def peers_by_role(
+    foreign_clusters: Sequence[RawObject], tenants: Sequence[RawObject]
+) -> dict[str, list[str]]:
+    """Which of this cluster's roles its peerings need, and for which peers: a provider's
+    ForeignCluster makes it a consumer; a consumer's, or a Tenant, a provider. Pure."""
+    needs: dict[str, set[str]] = {role: set() for role in ROLES}
+    for fc in foreign_clusters:
+        spec = fc.get("spec") or {}
+        peer = str(spec.get("clusterID") or fc["metadata"]["name"])
+        if spec.get("role") == "Provider":
+            needs["consumer"].add(peer)
+        elif spec.get("role") == "Consumer":
+            needs["provider"].add(peer)
+    for tenant in tenants:
+        spec = tenant.get("spec") or {}
+        needs["provider"].add(str(spec.get("consumerClusterID") or tenant["metadata"]["name"]))
+    return {role: sorted(peers) for role, peers in needs.items()}
+
+
+def dropped_in_use(had: Sequence[str], roles: Sequence[str], in_use: Mapping[str, Sequence[str]]) -> str:
+    """Why an upgrade from roles ``had`` to ``roles`` would cut peerings off (its controller gone
+    while peers rely on it), or "" when it would not. Pure."""
+    said = []
+    for role in had:
+        if role not in roles and in_use.get(role):
+            peers = ", ".join(in_use[role])
+            whom = "lends GPUs to" if role == "provider" else "borrows GPUs from"
+            said.append(f"the {role} role goes, but this cluster still {whom} {peers}")
+    if not said:
+        return ""
+    return (f"{'; '.join(said)}: `gpuferry unpeer` first, or --role both; --force installs it all the same "
+            "(the peerings stop working)")  # fmt: skip
+
+
+async def _peers_by_role(client: KubeClient) -> dict[str, list[str]]:
+    """:func:`peers_by_role` of the cluster (a kind whose CRD is missing has none)."""
+    listed: dict[str, list[RawObject]] = {}
+    for resource in (FOREIGNCLUSTERS, TENANTS):
+        try:
+            listed[resource.kind] = (await client.list(resource))["items"]
+        except NotFound:
+            listed[resource.kind] = []
+    return peers_by_role(listed[FOREIGNCLUSTERS.kind], listed[TENANTS.kind])
 
 
 async def _peerings(client: KubeClient, namespace: str) -> list[str]:
@@ -791,6 +840,11 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
         "-f", "--values", action="append", metavar="FILE", help="more helm values (repeatable)"
     )
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="a helm value (repeatable)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="upgrade even when a role it drops still has peers (their peerings stop working)",
+    )
     parser.add_argument(
         "--reset-values",
         action="store_true",

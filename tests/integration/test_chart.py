@@ -620,6 +620,14 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         done = json.loads(proc.stdout)
         assert (done["revision"], done["keptValues"]) == ("4", ["provider.replicas"]), done
         assert "kept from revision 2 (--reset-values drops them): provider.replicas" in proc.stderr
+        # while the consumer peers, the provider's role cannot go by mistake: refused before any change
+        proc = gpuferry(provider, tmp_path, "install", "--role", "consumer", "--cluster-id", "gpu-farm")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert "the provider role goes, but this cluster still lends GPUs to ml-eu" in line, line
+        assert line.endswith("(nothing was changed on the cluster)"), line
+        listed = helm(provider, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
+        assert [(h["revision"], h["status"]) for h in json.loads(listed)][-1] == (4, "deployed"), listed
         upgraded = await kubelet_pod(consumer, timeout=120)
         for _ in range(240):
             if (

@@ -18,12 +18,14 @@ from peering.cli.common import UserError
 from peering.cli.install_cmds import (
     chart_dir,
     configmap_as_was,
+    dropped_in_use,
     find_helm,
     flat_keys,
     good_revision,
     helm_values,
     installation_state,
     keep_manifest,
+    peers_by_role,
     set_keys,
     user_network_values,
     values_arguments,
@@ -325,3 +327,24 @@ def test_helms_error_keeps_why_and_loses_the_object_it_quotes() -> None:
     assert 'Invalid value: "{\\"kind\\": \\"Deployment\\"' in short, short
     assert short.endswith(why), short
     assert without_long_quotes('a "short" one') == 'a "short" one'
+
+
+def test_the_roles_a_clusters_peerings_need() -> None:
+    def fc(name: str, role: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"clusterID": name, "role": role}}
+
+    tenant = {"metadata": {"name": "t-ml-us"}, "spec": {"consumerClusterID": "ml-us"}}
+    assert peers_by_role([fc("gpu-farm", "Provider"), fc("ml-eu", "Consumer")], [tenant]) == {
+        "consumer": ["gpu-farm"], "provider": ["ml-eu", "ml-us"]}  # fmt: skip
+    assert peers_by_role([], []) == {"provider": [], "consumer": []}
+
+
+def test_an_upgrade_that_drops_a_role_its_peers_need_is_refused() -> None:
+    in_use = {"provider": ["ml-eu"], "consumer": []}
+    said = dropped_in_use(["provider"], ["consumer"], in_use)
+    assert said.startswith("the provider role goes, but this cluster still lends GPUs to ml-eu: "), said
+    assert "--force" in said and "gpuferry unpeer" in said
+    both = dropped_in_use(["provider", "consumer"], [], {"provider": ["a"], "consumer": ["b", "c"]})
+    assert "lends GPUs to a; the consumer role goes, but this cluster still borrows GPUs from b, c" in both
+    assert dropped_in_use(["provider"], ["provider", "consumer"], in_use) == ""  # kept
+    assert dropped_in_use(["consumer"], ["provider"], in_use) == ""  # dropped, with no peer on it
