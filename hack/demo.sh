@@ -16,7 +16,7 @@ ns=${GPUFERRY_DEMO_NAMESPACE:-ml-team}
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 $py -m hack.localcluster --profile "$profile" up
-kubectl=$(bash hack/build-k8s.sh --print-bin-dirs | head -1)/kubectl
+kubectl=$(bash hack/build-k8s.sh --print-bin-dirs | sed -n 1p)/kubectl  # sed reads it all: head could SIGPIPE it
 eval "$($py -m hack.localcluster --profile "$profile" env)"
 C=$GPUFERRY_CONSUMER_KUBECONFIG
 P=$GPUFERRY_PROVIDER_KUBECONFIG
