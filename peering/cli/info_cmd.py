@@ -20,7 +20,7 @@ from kube import goyaml
 from kube.accelerators import dra_resource, is_accelerator, short_name
 from kube.api import GPU_RESOURCE
 from kube.clients import KubeClient
-from kube.errors import NotFound
+from kube.errors import Forbidden, NotFound
 from kube.objects import FOREIGNCLUSTERS, NAMESPACES, NODES, PODS, RESOURCECLAIMS, SECRETS, RawObject
 from kube.quantities import format_quantity, parse_quantity, sum_requests
 from kube.times import rfc3339
@@ -431,7 +431,14 @@ async def cmd_info(args: argparse.Namespace) -> int:
         raise UserError("usage: gpuferry info [peer NAME]")
     peer = args.peer[1] if args.peer else None
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
-        data = await collect(client, peer)
+        try:
+            data = await collect(client, peer)
+        except Forbidden as exc:  # e.g. a namespace's admin: info reads cluster-wide objects
+            raise UserError(
+                f"{exc}: `gpuferry info` reads the whole cluster's peerings, which this user may not; "
+                "a namespace's offloading and its twin namespaces: `kubectl get namespaceoffloadings "
+                "-n NAMESPACE -o yaml`"
+            ) from None
     if args.kueue:
         if "kueue" not in data:
             raise UserError("this cluster borrows no GPUs: there is no provider to queue for")

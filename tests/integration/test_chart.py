@@ -528,6 +528,16 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert code == 0 and "Traceback" not in err, err + out
         assert "cannot read the peerings in gpuferry-system (not allowed)" in err, err
         assert "gpu-farm: twin namespace chart-work-ml-eu ready" in err, err
+        # `info` reads cluster-wide objects: refused, and told where the namespace's state is
+        code, out, err = await cli("info", "--kubeconfig", str(admin))
+        assert code == 1 and "Traceback" not in err, err + out
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert 'User "chart-work-admin" cannot' in line and "which this user may not" in line, line
+        assert "kubectl get namespaceoffloadings -n NAMESPACE -o yaml" in line, line
+        seen = json.loads(consumer.kubectl("--kubeconfig", str(admin), "-n", "chart-work", "get",
+                                           "namespaceoffloadings", "offloading", "-o", "json"))  # fmt: skip
+        assert [(r["clusterID"], r["phase"]) for r in seen["status"]["remoteNamespaces"]] == [
+            ("gpu-farm", "Ready")]  # fmt: skip
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "chart-work"},
                "spec": {"containers": [{"name": "c", "image": "cuda",
                                         "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}  # fmt: skip
