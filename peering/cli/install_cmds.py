@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -434,29 +435,120 @@ def _release_exists(helm: str, args: argparse.Namespace) -> bool:
     return True
 
 
-def good_revision(history: Sequence[Mapping[str, Any]]) -> int | None:
-    """The revision of the release to build on, from ``helm history -o json``: the one deployed
-    (an upgrade that failed leaves the one before it deployed, and its own values bad), else the
-    latest. None: no history. Pure."""
+@dataclass(frozen=True)
+class ReleaseState:
+    """Where the release stands, from ``helm history -o json``."""
+
+    deployed: int | None = None
+    """The revision in force; None: none was ever deployed (an upgrade that failed leaves the one
+    before it deployed, and its own values bad)."""
+    pending: Mapping[str, Any] | None = None
+    """The latest revision when its operation never finished (``pending-install``,
+    ``pending-upgrade``, ``pending-rollback``): helm refuses any other until it is cleared."""
+
+
+def release_state(history: Sequence[Mapping[str, Any]]) -> ReleaseState:
+    """:class:`ReleaseState` of a release's history. Pure."""
     revisions = sorted(history, key=lambda r: int(r.get("revision") or 0))
-    deployed = [r for r in revisions if r.get("status") == "deployed"]
-    chosen = deployed or revisions
-    return int(chosen[-1].get("revision") or 0) if chosen else None
+    deployed = [int(r.get("revision") or 0) for r in revisions if r.get("status") == "deployed"]
+    latest = revisions[-1] if revisions else None
+    pending = latest if latest and str(latest.get("status") or "").startswith("pending-") else None
+    return ReleaseState(deployed[-1] if deployed else None, pending)
 
 
-def _last_values(helm: str, args: argparse.Namespace) -> tuple[int | None, dict[str, Any]]:
-    """The revision to build on (:func:`good_revision`) and the values it was given (``-f``,
-    ``--set``, and install's own), as ``helm get values`` says: not the chart's defaults."""
-    common = ("-n", args.namespace, "-o", "json")
-    history = json.loads(_helm(helm, args.kubeconfig, args.context, "history", RELEASE, *common,
-                               "--max", "256", timeout=args.timeout) or "[]")  # fmt: skip
-    chosen = good_revision(history if isinstance(history, list) else [])
-    if chosen is None:
-        return None, {}
-    out = _helm(helm, args.kubeconfig, args.context, "get", "values", RELEASE, *common,
-                "--revision", str(chosen), timeout=args.timeout)  # fmt: skip
+def pending_message(state: ReleaseState, namespace: str) -> str:
+    """Why install stops at a release whose last operation never finished, and what clears it:
+    what ``--force`` does. Pure."""
+    pending, n = state.pending or {}, state.deployed
+    said = (f"helm release {RELEASE} in {namespace} is {pending.get('status')} since "
+            f"{pending.get('updated')} (revision {pending.get('revision')}): an install that was "
+            "interrupted, or one still running; if none is running, the same command with "
+            "--force ")  # fmt: skip
+    if n is None:
+        how = f"helm uninstall {RELEASE} -n {namespace}"
+        return f"{said}removes it first (nothing of it was deployed; as `{how}`)"
+    how = f"helm rollback {RELEASE} {n} -n {namespace}"
+    return f"{said}goes back to revision {n} first (as `{how}`), then upgrades"
+
+
+def upgrade_failed(said: str, state: ReleaseState, namespace: str) -> str:
+    """helm's error on an upgrade, with the revision to go back to. Pure."""
+    if (n := state.deployed) is None:
+        return said
+    back = f"`helm rollback {RELEASE} {n} -n {namespace}` puts its objects back"
+    return f"{said}; revision {n} is the release's last good one ({back})"
+
+
+async def _upgrade_from(
+    client: KubeClient, helm: str, args: argparse.Namespace, roles: Sequence[str]
+) -> tuple[ReleaseState, dict[str, Any]]:
+    """An installed release's state and the values to keep of it; UserError, before anything is
+    changed, where it is half-way through another operation or would drop a role peers use
+    (unless --force)."""
+    state = await asyncio.to_thread(_history, helm, args)
+    unchanged = " (nothing was changed on the cluster)"
+    if state.pending is not None and not args.force:
+        raise UserError(pending_message(state, args.namespace) + unchanged)
+    before = {} if state.deployed is None else await asyncio.to_thread(_values_of, helm, args, state.deployed)
+    had = [r for r in ROLES if (before.get(r) or {}).get("enabled")]
+    dropped = dropped_in_use(had, roles, await _peers_by_role(client))
+    if dropped and not args.force:
+        raise UserError(dropped + unchanged)
+    return state, {} if args.reset_values else before
+
+
+def _history(helm: str, args: argparse.Namespace) -> ReleaseState:
+    out = _helm(helm, args.kubeconfig, args.context, "history", RELEASE, "-n", args.namespace,
+                "-o", "json", "--max", "256", timeout=args.timeout)  # fmt: skip
+    history = json.loads(out or "[]")
+    return release_state(history if isinstance(history, list) else [])
+
+
+def _values_of(helm: str, args: argparse.Namespace, revision: int) -> dict[str, Any]:
+    """The values revision ``revision`` was given (``-f``, ``--set``, and install's own), as
+    ``helm get values`` says: not the chart's defaults."""
+    out = _helm(helm, args.kubeconfig, args.context, "get", "values", RELEASE, "-n", args.namespace,
+                "-o", "json", "--revision", str(revision), timeout=args.timeout)  # fmt: skip
     given = json.loads(out or "null")
-    return chosen, given if isinstance(given, dict) else {}
+    return given if isinstance(given, dict) else {}
+
+
+def without_helm_ownership(cm: RawObject) -> RawObject:
+    """``cm`` (as :func:`configmap_as_was` makes it) no longer marked as a release's: what
+    ``install`` gives a release it takes over again. Pure."""
+    meta = dict(cm["metadata"])
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != "app.kubernetes.io/managed-by"}
+    notes = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("meta.helm.sh/")}
+    meta.update(labels=labels, annotations=notes)
+    return {**cm, "metadata": {k: v for k, v in meta.items() if v or k in ("name", "namespace")}}
+
+
+async def _clear_pending(client: KubeClient, helm: str, args: argparse.Namespace, state: ReleaseState) -> str:
+    """With --force: the unfinished operation cleared, as :func:`pending_message` says. An
+    interrupted first install had taken over the cluster-ID ConfigMap and the network declaration:
+    they outlive its removal, as they were. Says what was done."""
+    common = ("-n", args.namespace, "--wait", "--timeout", f"{int(args.timeout)}s")
+    if state.deployed is not None:
+        await asyncio.to_thread(_helm, helm, args.kubeconfig, args.context, "rollback", RELEASE,
+                                str(state.deployed), *common, timeout=args.timeout + 30)  # fmt: skip
+        return f"the interrupted operation rolled back to revision {state.deployed}"
+    taken = []
+    ours = ((CLUSTER_ID_CONFIGMAP, args.namespace), (DECLARATION_NAME, DECLARATION_NAMESPACE))
+    for name, namespace in ours:
+        with contextlib.suppress(NotFound):
+            taken.append(await client.get(CONFIGMAPS, name, namespace))
+    await asyncio.to_thread(_helm, helm, args.kubeconfig, args.context, "uninstall", RELEASE, *common,
+                            timeout=args.timeout + 30)  # fmt: skip
+    kept = []
+    for cm in taken:
+        again = without_helm_ownership(configmap_as_was(cm))
+        name, namespace = again["metadata"]["name"], again["metadata"]["namespace"]
+        try:
+            await client.get(CONFIGMAPS, name, namespace)  # not the release's: not removed with it
+        except NotFound:
+            await client.create(CONFIGMAPS, again, namespace)
+            kept.append(f"{namespace}/{name}")
+    return "the interrupted first install removed" + (f" (ConfigMaps {', '.join(kept)} kept)" if kept else "")
 
 
 def flat_keys(values: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -600,17 +692,10 @@ async def cmd_install(args: argparse.Namespace) -> int:
             networking=networking,
         )
         first = not await asyncio.to_thread(_release_exists, helm, args)
-        good: int | None = None
-        before: dict[str, Any] = {}
-        if not first:
-            good, before = await asyncio.to_thread(_last_values, helm, args)
-            had = [r for r in ROLES if (before.get(r) or {}).get("enabled")]
-            dropped = dropped_in_use(had, roles, await _peers_by_role(client))
-            if dropped and not args.force:
-                raise UserError(f"{dropped} (nothing was changed on the cluster)")
-            before = {} if args.reset_values else before
+        state, before = (ReleaseState(), {}) if first else await _upgrade_from(client, helm, args, roles)
         if kept := sorted(set(flat_keys(before)) - _given_keys(values, args.values or (), args.set or ())):
-            progress.step(f"kept from revision {good} (--reset-values drops them): {', '.join(kept)}")
+            said = f"kept from revision {state.deployed} (--reset-values drops them): {', '.join(kept)}"
+            progress.step(said)
         with tempfile.TemporaryDirectory(prefix="gpuferry-values-") as tmp:
             ours, last = Path(tmp, "values.yaml"), Path(tmp, "last-values.yaml")
             for path, content in ((ours, values), (last, before)):
@@ -628,6 +713,9 @@ async def cmd_install(args: argparse.Namespace) -> int:
             crds = await ensure_crds(client, load_crds(chart / "crds"), timeout=min(args.timeout, 120.0),
                                      warn=progress.warn)  # fmt: skip
             progress.step(crds.summary("CRDs applied"))
+            if state.pending is not None:  # --force; after the checks above, which change nothing
+                progress.step(await _clear_pending(client, helm, args, state))
+                first = state.deployed is None
             adopted = [await _adopt_cluster_id(client, args.namespace, progress)]
             if networking.get("enabled"):
                 adopted.append(await _adopt_declaration(client, args.namespace, progress))
@@ -637,10 +725,8 @@ async def cmd_install(args: argparse.Namespace) -> int:
                     "--create-namespace", timeout=args.timeout,
                 )  # fmt: skip
             except UserError as exc:
-                if not first:  # helm keeps the release's last good revision; objects it changed stay
-                    back = f"`helm rollback {RELEASE} {good or ''} -n {args.namespace}` puts its objects back"
-                    said = f"{exc}; revision {good} is the release's last good one ({back})"
-                    raise UserError(said) from None
+                if not first:  # helm keeps the last good revision; the objects it changed stay
+                    raise UserError(upgrade_failed(str(exc), state, args.namespace)) from None
                 undone = await _undo_first_install(client, helm, args, [a for a in adopted if a])
                 raise UserError(f"{exc}; {undone}") from None
         revision = next(
@@ -843,7 +929,8 @@ def add_install_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--force",
         action="store_true",
-        help="upgrade even when a role it drops still has peers (their peerings stop working)",
+        help="upgrade even when a role it drops still has peers (their peerings stop working); "
+        "clear an install or upgrade that was interrupted (helm: another operation is in progress)",
     )
     parser.add_argument(
         "--reset-values",

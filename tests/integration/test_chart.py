@@ -342,6 +342,82 @@ def test_a_configmap_the_undo_cannot_make_again_is_saved_and_named_beside_helms_
         provider.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--wait")
         redeclare(provider)
 
+def interrupted_helm(cluster: LocalCluster, *values: str) -> list[tuple[int, str]]:
+    """``helm upgrade --install`` of the chart, waiting on a pod that no node takes, killed while
+    it waits: the release is left pending, as by a Ctrl-C or a lost terminal. Its history."""
+    cmd = [str(cluster.bin.helm), "--kubeconfig", str(cluster.spec.kubeconfig), "upgrade", "--install",
+           "gpuferry", str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace", *values,
+           "--set", "nodeSelector.no-such-label=x", "--wait", "--timeout", "300s"]  # fmt: skip
+    helm_run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listed = helm(cluster, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json", check=False)
+            history = [(h["revision"], h["status"]) for h in json.loads(listed.stdout or "[]")]
+            if history and history[-1][1].startswith("pending-"):
+                time.sleep(1)  # into its wait
+                return history
+            time.sleep(0.2)
+        raise AssertionError(f"helm left no pending revision: {history}")
+    finally:
+        helm_run.kill()
+        helm_run.wait()
+
+
+def test_an_interrupted_install_is_named_and_force_clears_it_keeping_the_cluster_id(
+    provider: LocalCluster, tmp_path: Path
+) -> None:
+    """helm refuses any operation on a release whose last one never finished ("another operation
+    is in progress"). install names it and what --force does; --force removes an interrupted first
+    install, keeping the cluster-ID ConfigMap it had taken over, or rolls an interrupted upgrade
+    back to the deployed revision, then installs."""
+    values = str(local_values(provider, tmp_path))
+    install = ("install", "--role", "provider", "--no-network", "-f", values)
+    chart_values = ("--set", "clusterID=gpu-farm", "--set", "provider.enabled=true",
+                    "--set", "networking.enabled=false", "-f", values)  # fmt: skip
+    provider.kubectl("create", "namespace", SYSTEM_NAMESPACE)
+    try:
+        # the cluster ID an earlier peer made, taken over by an install that never finished
+        provider.kubectl("-n", SYSTEM_NAMESPACE, "create", "configmap", "gpuferry-cluster-id",
+                         "--from-literal=clusterID=gpu-farm")  # fmt: skip
+        provider.kubectl("-n", SYSTEM_NAMESPACE, "label", "configmap", "gpuferry-cluster-id",
+                         "app.kubernetes.io/managed-by=Helm")  # fmt: skip
+        provider.kubectl("-n", SYSTEM_NAMESPACE, "annotate", "configmap", "gpuferry-cluster-id",
+                         "meta.helm.sh/release-name=gpuferry",
+                         f"meta.helm.sh/release-namespace={SYSTEM_NAMESPACE}")  # fmt: skip
+        assert interrupted_helm(provider, *chart_values) == [(1, "pending-install")]
+        proc = gpuferry(provider, tmp_path, *install)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert f"helm release gpuferry in {SYSTEM_NAMESPACE} is pending-install since " in line, line
+        assert "(revision 1): an install that was interrupted, or one still running" in line, line
+        assert "--force removes it first" in line and line.endswith("(nothing was changed on the cluster)")
+        proc = gpuferry(provider, tmp_path, *install, "--force", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert "the interrupted first install removed (ConfigMaps gpuferry-system/gpuferry-cluster-id kept)" \
+            in proc.stderr, proc.stderr
+        done = json.loads(proc.stdout)
+        assert (done["clusterID"], done["revision"]) == ("gpu-farm", "1"), done
+        cid = json.loads(provider.kubectl("-n", SYSTEM_NAMESPACE, "get", "configmap", "gpuferry-cluster-id",
+                                          "-o", "json"))  # fmt: skip
+        assert cid["data"] == {"clusterID": "gpu-farm"}
+
+        # an upgrade that never finished: rolled back to revision 1 first
+        assert interrupted_helm(provider, *chart_values)[-2:] == [(1, "deployed"), (2, "pending-upgrade")]
+        proc = gpuferry(provider, tmp_path, *install)
+        assert proc.returncode == 1, proc.stderr
+        assert "is pending-upgrade since" in proc.stderr and "--force goes back to revision 1 first" \
+            in proc.stderr, proc.stderr
+        proc = gpuferry(provider, tmp_path, *install, "--force", "-o", "json")
+        assert proc.returncode == 0, proc.stderr
+        assert "the interrupted operation rolled back to revision 1" in proc.stderr, proc.stderr
+        assert json.loads(proc.stdout)["revision"] == "4"  # 2 interrupted, 3 its rollback
+        listed = helm(provider, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
+        assert [h["status"] for h in json.loads(listed)][-1] == "deployed", listed
+    finally:
+        uninstall(provider, tmp_path)
+        provider.kubectl("delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", "--wait")
+
 async def kubelet_pod(consumer: LocalCluster, timeout: float = 60) -> RawObject:
     """The running pod of the virtual kubelet of gpu-farm ({} if none after ``timeout``)."""
     loop = asyncio.get_running_loop()
@@ -636,8 +712,8 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
         assert "the provider role goes, but this cluster still lends GPUs to ml-eu" in line, line
         assert line.endswith("(nothing was changed on the cluster)"), line
-        listed = helm(provider, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
-        assert [(h["revision"], h["status"]) for h in json.loads(listed)][-1] == (4, "deployed"), listed
+        revisions = helm(provider, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
+        assert [(h["revision"], h["status"]) for h in json.loads(revisions)][-1] == (4, "deployed"), revisions
         upgraded = await kubelet_pod(consumer, timeout=120)
         for _ in range(240):
             if (

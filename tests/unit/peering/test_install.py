@@ -16,19 +16,23 @@ import yaml
 
 from peering.cli.common import UserError
 from peering.cli.install_cmds import (
+    ReleaseState,
     chart_dir,
     configmap_as_was,
     dropped_in_use,
     find_helm,
     flat_keys,
-    good_revision,
     helm_values,
     installation_state,
     keep_manifest,
     peers_by_role,
+    pending_message,
+    release_state,
     set_keys,
+    upgrade_failed,
     user_network_values,
     values_arguments,
+    without_helm_ownership,
     without_long_quotes,
 )
 
@@ -311,10 +315,46 @@ def test_the_keys_a_set_names_are_those_helm_reads(pairs: list[str], keys: set[s
 def test_an_upgrade_builds_on_the_deployed_revision_not_on_one_that_failed() -> None:
     history = [{"revision": 1, "status": "superseded"}, {"revision": 3, "status": "failed"},
                {"revision": 2, "status": "deployed"}]  # fmt: skip
-    assert good_revision(history) == 2
-    stuck = [{"revision": 1, "status": "failed"}, {"revision": 2, "status": "pending-upgrade"}]
-    assert good_revision(stuck) == 2
-    assert good_revision([]) is None
+    assert release_state(history) == ReleaseState(deployed=2, pending=None)
+    assert release_state([{"revision": 1, "status": "failed"}]) == ReleaseState()
+    assert release_state([]) == ReleaseState()
+    said = upgrade_failed("helm upgrade failed: why", release_state(history), "gpuferry-system")
+    assert said == ("helm upgrade failed: why; revision 2 is the release's last good one "
+                    "(`helm rollback gpuferry 2 -n gpuferry-system` puts its objects back)")  # fmt: skip
+    assert upgrade_failed("why", ReleaseState(), "ns") == "why"  # nothing to go back to
+
+
+def test_an_operation_that_never_finished_is_named_with_what_force_does() -> None:
+    interrupted = {"revision": 3, "status": "pending-upgrade", "updated": "2026-12-08T01:00:29Z"}
+    state = release_state([{"revision": 2, "status": "deployed"}, interrupted])
+    assert state == ReleaseState(deployed=2, pending=interrupted)
+    said = pending_message(state, "gpuferry-system")
+    assert said.startswith("helm release gpuferry in gpuferry-system is pending-upgrade since "
+                           "2026-12-08T01:00:29Z (revision 3): an install that was "
+                           "interrupted"), said  # fmt: skip
+    assert said.endswith("--force goes back to revision 2 first (as `helm rollback gpuferry 2 -n "
+                         "gpuferry-system`), then upgrades"), said  # fmt: skip
+    first = release_state([{"revision": 1, "status": "pending-install", "updated": "t"}])
+    assert first.deployed is None and first.pending is not None
+    assert pending_message(first, "ns").endswith(
+        "--force removes it first (nothing of it was deployed; as `helm uninstall gpuferry -n ns`)"
+    )
+    # a pending revision under a later one is history, not an operation under way
+    assert release_state([{"revision": 1, "status": "pending-install"}, {"revision": 2, "status": "deployed"}]
+                         ).pending is None  # fmt: skip
+
+
+def test_a_configmap_taken_back_from_a_removed_release_is_no_longer_marked_as_its() -> None:
+    given = configmap_as_was({"metadata": {
+        "name": "gpuferry-cluster-id", "namespace": "gpuferry-system",
+        "labels": {"app.kubernetes.io/managed-by": "Helm", "team": "gpu"},
+        "annotations": {"meta.helm.sh/release-name": "gpuferry", "meta.helm.sh/release-namespace": "x"}},
+        "data": {"clusterID": "gpu-farm"}})  # fmt: skip
+    assert without_helm_ownership(given) == {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "gpuferry-cluster-id", "namespace": "gpuferry-system",
+                     "labels": {"team": "gpu"}},
+        "data": {"clusterID": "gpu-farm"}}  # fmt: skip
 
 
 def test_helms_error_keeps_why_and_loses_the_object_it_quotes() -> None:
