@@ -1,5 +1,6 @@
 """gpuferry install's pure parts: the values it sets, when an installation counts as available or
-as stuck, where it finds helm; and its refusals of bad input, through the real command line."""
+as stuck, where it finds helm, what it decides about its helm release (peering.helmrelease); and
+its refusals of bad input, through the real command line."""
 
 from __future__ import annotations
 
@@ -14,26 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
+from peering import helmrelease as release
 from peering.cli.common import UserError
 from peering.cli.install_cmds import (
-    ReleaseState,
     chart_dir,
-    configmap_as_was,
-    dropped_in_use,
     find_helm,
-    flat_keys,
     helm_values,
     installation_state,
     keep_manifest,
-    peers_by_role,
-    pending_message,
-    release_state,
-    set_keys,
-    upgrade_failed,
     user_network_values,
-    values_arguments,
-    without_helm_ownership,
-    without_long_quotes,
 )
 
 
@@ -253,7 +243,7 @@ ADOPTED = {
 
 
 def test_a_configmap_made_again_keeps_what_it_held_and_nothing_the_server_set() -> None:
-    again = configmap_as_was(ADOPTED)
+    again = release.configmap_as_was(ADOPTED)
     assert again == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -261,7 +251,7 @@ def test_a_configmap_made_again_keeps_what_it_held_and_nothing_the_server_set() 
                      "annotations": {"meta.helm.sh/release-name": "gpuferry"}},
         "data": {"podCIDRs": "10.244.0.0/16", "gatewayIP": "0e5363800296"},
     }  # fmt: skip
-    bare = configmap_as_was({"metadata": {"name": "n", "namespace": "s"}})
+    bare = release.configmap_as_was({"metadata": {"name": "n", "namespace": "s"}})
     assert bare["metadata"] == {"name": "n", "namespace": "s"} and bare["data"] == {}
 
 
@@ -269,7 +259,7 @@ def test_what_an_undo_could_not_put_back_is_kept_in_a_new_file_each_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GPUFERRY_CACHE", str(tmp_path))
-    again = configmap_as_was(ADOPTED)
+    again = release.configmap_as_was(ADOPTED)
     first = keep_manifest(again, now=0.0)
     second = keep_manifest(again, now=1.0)
     assert first == tmp_path / "install" / "configmap-kube-system-gpuferry-network-19700101T000000.yaml"
@@ -283,20 +273,20 @@ def test_values_are_named_by_their_dotted_keys_as_set_names_them() -> None:
     given = {"clusterID": "ml-eu", "consumer": {"enabled": True, "namespaceAdminsOffload": True},
              "networking": {"podCIDRs": ["10.244.0.0/16"], "endpoint": {}},
              "image": {"tag": "1"}}  # fmt: skip
-    assert flat_keys(given) == [
+    assert release.flat_keys(given) == [
         "clusterID", "consumer.enabled", "consumer.namespaceAdminsOffload", "networking.podCIDRs",
         "networking.endpoint", "image.tag",
     ]  # fmt: skip
-    assert flat_keys({}) == []
+    assert release.flat_keys({}) == []
 
 
 def test_an_upgrade_gives_helm_the_last_values_first_and_set_last() -> None:
-    assert values_arguments(last="last.yaml", files=["a.yaml", "b.yaml"], ours="ours.yaml",
+    assert release.values_arguments(last="last.yaml", files=["a.yaml", "b.yaml"], ours="ours.yaml",
                             sets=["x=1", "y=2"]) == [
         "-f", "last.yaml", "-f", "a.yaml", "-f", "b.yaml", "-f", "ours.yaml", "--set", "x=1", "--set", "y=2",
     ]  # fmt: skip
     # a first install, or --reset-values: from the chart's defaults
-    assert values_arguments(last=None, files=[], ours="ours.yaml", sets=[]) == ["-f", "ours.yaml"]
+    assert release.values_arguments(last=None, files=[], ours="ours.yaml", sets=[]) == ["-f", "ours.yaml"]
 
 
 @pytest.mark.parametrize(
@@ -309,48 +299,50 @@ def test_an_upgrade_gives_helm_the_last_values_first_and_set_last() -> None:
     ],
 )
 def test_the_keys_a_set_names_are_those_helm_reads(pairs: list[str], keys: set[str]) -> None:
-    assert set_keys(pairs) == keys
+    assert release.set_keys(pairs) == keys
 
 
 def test_an_upgrade_builds_on_the_deployed_revision_not_on_one_that_failed() -> None:
     history = [{"revision": 1, "status": "superseded"}, {"revision": 3, "status": "failed"},
                {"revision": 2, "status": "deployed"}]  # fmt: skip
-    assert release_state(history) == ReleaseState(deployed=2, pending=None)
-    assert release_state([{"revision": 1, "status": "failed"}]) == ReleaseState()
-    assert release_state([]) == ReleaseState()
-    said = upgrade_failed("helm upgrade failed: why", release_state(history), "gpuferry-system")
+    assert release.release_state(history) == release.ReleaseState(deployed=2, pending=None)
+    assert release.release_state([{"revision": 1, "status": "failed"}]) == release.ReleaseState()
+    assert release.release_state([]) == release.ReleaseState()
+    said = release.upgrade_failed(
+        "helm upgrade failed: why", release.release_state(history), "gpuferry-system"
+    )
     assert said == ("helm upgrade failed: why; revision 2 is the release's last good one "
                     "(`helm rollback gpuferry 2 -n gpuferry-system` puts its objects back)")  # fmt: skip
-    assert upgrade_failed("why", ReleaseState(), "ns") == "why"  # nothing to go back to
+    assert release.upgrade_failed("why", release.ReleaseState(), "ns") == "why"  # nothing to go back to
 
 
 def test_an_operation_that_never_finished_is_named_with_what_force_does() -> None:
     interrupted = {"revision": 3, "status": "pending-upgrade", "updated": "2026-12-08T01:00:29Z"}
-    state = release_state([{"revision": 2, "status": "deployed"}, interrupted])
-    assert state == ReleaseState(deployed=2, pending=interrupted)
-    said = pending_message(state, "gpuferry-system")
+    state = release.release_state([{"revision": 2, "status": "deployed"}, interrupted])
+    assert state == release.ReleaseState(deployed=2, pending=interrupted)
+    said = release.pending_message(state, "gpuferry-system")
     assert said.startswith("helm release gpuferry in gpuferry-system is pending-upgrade since "
                            "2026-12-08T01:00:29Z (revision 3): an install that was "
                            "interrupted"), said  # fmt: skip
     assert said.endswith("--force goes back to revision 2 first (as `helm rollback gpuferry 2 -n "
                          "gpuferry-system`), then upgrades"), said  # fmt: skip
-    first = release_state([{"revision": 1, "status": "pending-install", "updated": "t"}])
+    first = release.release_state([{"revision": 1, "status": "pending-install", "updated": "t"}])
     assert first.deployed is None and first.pending is not None
-    assert pending_message(first, "ns").endswith(
+    assert release.pending_message(first, "ns").endswith(
         "--force removes it first (nothing of it was deployed; as `helm uninstall gpuferry -n ns`)"
     )
     # a pending revision under a later one is history, not an operation under way
-    assert release_state([{"revision": 1, "status": "pending-install"}, {"revision": 2, "status": "deployed"}]
-                         ).pending is None  # fmt: skip
+    later = [{"revision": 1, "status": "pending-install"}, {"revision": 2, "status": "deployed"}]
+    assert release.release_state(later).pending is None
 
 
 def test_a_configmap_taken_back_from_a_removed_release_is_no_longer_marked_as_its() -> None:
-    given = configmap_as_was({"metadata": {
+    given = release.configmap_as_was({"metadata": {
         "name": "gpuferry-cluster-id", "namespace": "gpuferry-system",
         "labels": {"app.kubernetes.io/managed-by": "Helm", "team": "gpu"},
         "annotations": {"meta.helm.sh/release-name": "gpuferry", "meta.helm.sh/release-namespace": "x"}},
         "data": {"clusterID": "gpu-farm"}})  # fmt: skip
-    assert without_helm_ownership(given) == {
+    assert release.without_helm_ownership(given) == {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "gpuferry-cluster-id", "namespace": "gpuferry-system",
                      "labels": {"team": "gpu"}},
@@ -361,12 +353,12 @@ def test_helms_error_keeps_why_and_loses_the_object_it_quotes() -> None:
     refused = json.dumps(json.dumps({"kind": "Deployment", "spec": {"x": "y" * 5000}}))
     head = 'Error: UPGRADE FAILED: cannot patch "gpuferry-provider" with kind Deployment:  ""'
     why = "quantities must match the regular expression '^([+-]?[0-9.]+)$'"
-    short = without_long_quotes(f"{head} is invalid: patch: Invalid value: {refused}: {why}")
+    short = release.without_long_quotes(f"{head} is invalid: patch: Invalid value: {refused}: {why}")
     assert len(short) < 400, short
     assert short.startswith(head), short
     assert 'Invalid value: "{\\"kind\\": \\"Deployment\\"' in short, short
     assert short.endswith(why), short
-    assert without_long_quotes('a "short" one') == 'a "short" one'
+    assert release.without_long_quotes('a "short" one') == 'a "short" one'
 
 
 def test_the_roles_a_clusters_peerings_need() -> None:
@@ -374,17 +366,17 @@ def test_the_roles_a_clusters_peerings_need() -> None:
         return {"metadata": {"name": name}, "spec": {"clusterID": name, "role": role}}
 
     tenant = {"metadata": {"name": "t-ml-us"}, "spec": {"consumerClusterID": "ml-us"}}
-    assert peers_by_role([fc("gpu-farm", "Provider"), fc("ml-eu", "Consumer")], [tenant]) == {
+    assert release.peers_by_role([fc("gpu-farm", "Provider"), fc("ml-eu", "Consumer")], [tenant]) == {
         "consumer": ["gpu-farm"], "provider": ["ml-eu", "ml-us"]}  # fmt: skip
-    assert peers_by_role([], []) == {"provider": [], "consumer": []}
+    assert release.peers_by_role([], []) == {"provider": [], "consumer": []}
 
 
 def test_an_upgrade_that_drops_a_role_its_peers_need_is_refused() -> None:
     in_use = {"provider": ["ml-eu"], "consumer": []}
-    said = dropped_in_use(["provider"], ["consumer"], in_use)
+    said = release.dropped_in_use(["provider"], ["consumer"], in_use)
     assert said.startswith("the provider role goes, but this cluster still lends GPUs to ml-eu: "), said
     assert "--force" in said and "gpuferry unpeer" in said
-    both = dropped_in_use(["provider", "consumer"], [], {"provider": ["a"], "consumer": ["b", "c"]})
+    both = release.dropped_in_use(["provider", "consumer"], [], {"provider": ["a"], "consumer": ["b", "c"]})
     assert "lends GPUs to a; the consumer role goes, but this cluster still borrows GPUs from b, c" in both
-    assert dropped_in_use(["provider"], ["provider", "consumer"], in_use) == ""  # kept
-    assert dropped_in_use(["consumer"], ["provider"], in_use) == ""  # dropped, with no peer on it
+    assert release.dropped_in_use(["provider"], ["provider", "consumer"], in_use) == ""  # kept
+    assert release.dropped_in_use(["consumer"], ["provider"], in_use) == ""  # dropped, with no peer on it
