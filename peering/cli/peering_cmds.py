@@ -12,8 +12,10 @@ import asyncio
 import base64
 import contextlib
 import functools
+import ipaddress
 import os
 import re
+import urllib.parse
 from typing import Any
 
 from kube.accelerators import dra_resource, is_device
@@ -351,6 +353,32 @@ async def resolve_agents(
     return True
 
 
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url``'s host is this machine's loopback (127.0.0.0/8, ::1, localhost). Pure."""
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_reachable_from_pods(url: str, given: bool) -> None:
+    """UserError, before anything is written, when the provider's API server ``url`` (``given``
+    with --remote-server, else --remote-kubeconfig's) is a loopback address: a pod of the
+    consumer cluster, where the installed agent runs, reaches its own loopback there (kind and
+    minikube kubeconfigs name 127.0.0.1). Pure."""
+    if not is_loopback_url(url):
+        return
+    where = "--remote-server" if given else "the server of --remote-kubeconfig"
+    raise UserError(
+        f"{where} is {url}, a loopback address: the consumer's agent runs in a pod of the consumer "
+        "cluster, where that address is the pod itself; give --remote-server URL, the provider's API "
+        "server as the consumer's pods reach it (nothing was changed)"
+    )
+
+
 async def require_gateways(consumer: KubeClient, provider: KubeClient) -> None:
     """Both installed clusters run the chart's gateway, or the tunnel would never come up."""
     missing = []
@@ -406,6 +434,8 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             await require_gateways(consumer, provider)
         if not args.no_network:  # a missing or wrong declaration stops us before any change
             await read_declarations(consumer, provider, embedded=args.agents == "local")
+        if installed:  # the consumer's agent dials the provider from a pod of the consumer cluster
+            check_reachable_from_pods(args.remote_server or provider.base_url, bool(args.remote_server))
         for side, client in (("consumer", consumer), ("provider", provider)):
             await ensure_crds(client, warn=functools.partial(_warn_for, progress, side))
             progress.step(f"{side}: gpuferry CRDs installed ({client.base_url})")
@@ -493,8 +523,9 @@ async def cmd_peer(args: argparse.Namespace) -> int:
             raise UserError(f"peering with {provider_id} failed: {e.step}: {e.reason}: {e.message}") from None
         except TimeoutError as e:
             raise UserError(
-                f"peering with {provider_id} is not done after {args.timeout:.0f}s: {e} "
-                "(see `kubectl get fc` and the consumer agent's log)"
+                f"peering with {provider_id} is not done after {args.timeout:.0f}s: {e} (the peering "
+                "stays and the consumer agent keeps trying: fix what is named and run peer again, or "
+                "`gpuferry unpeer`; see `kubectl get fc` and the consumer agent's log)"
             ) from None
         status = done.get("status") or {}
         network: dict[str, Any] | str = "disabled (--no-network)"

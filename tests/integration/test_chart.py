@@ -535,6 +535,24 @@ async def test_installed_controllers_peer_and_offload_as_pods(
     # the CLI starts nothing: it writes objects; the controllers in the clusters peer
     cli = Cli(consumer, provider, tmp_path / "cache", agents="auto")
     server = f"https://{api_advertise_address(provider.spec)}:{provider.spec.ports.apiserver}"
+    # the provider's kubeconfig names 127.0.0.1, which a pod of the consumer reaches as itself:
+    # without --remote-server, peer stops before it writes anything
+    code, out, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--no-network",
+                               "--gpus", "2")  # fmt: skip
+    assert code == 1 and "Traceback" not in err, err + out
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert f"the server of --remote-kubeconfig is https://127.0.0.1:{provider.spec.ports.apiserver}, a " \
+        "loopback address" in line and "give --remote-server URL" in line, line
+    assert consumer.kubectl("get", "foreignclusters", "-o", "name") == ""
+    assert provider.kubectl("get", "namespace", "gpuferry-tenant-ml-eu", "--ignore-not-found") == ""
+    # a --remote-server where nothing answers: told why, and that peer run again mends it (below)
+    nobody = f"https://{api_advertise_address(provider.spec)}:1"
+    code, out, err = await cli("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p, "--no-network",
+                               "--remote-server", nobody, "--gpus", "2", "--timeout", "15")  # fmt: skip
+    assert code == 1 and "Traceback" not in err, err + out
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert f"is not done after 15s: Authenticated: ProviderUnreachable: {nobody}" in line, line
+    assert "the consumer agent keeps trying: fix what is named and run peer again" in line, line
     # (no --agents: both clusters run the installed controllers, so peer starts none here)
     out = await cli.ok("peer", "--kubeconfig", cli.c, "--remote-kubeconfig", cli.p,
                        "--no-network", "--remote-server", server, "--gpus", "2", "--selector", H100,

@@ -222,6 +222,30 @@ def test_a_bad_tolerate_is_refused_before_anything_is_sent(text: str) -> None:
         parse_tolerations([text])
 
 
+@pytest.mark.parametrize(
+    ("url", "loopback"),
+    [
+        ("https://127.0.0.1:6443", True), ("https://127.3.2.1", True), ("https://[::1]:6443", True),
+        ("https://localhost:6443", True), ("https://api.localhost", True),
+        ("https://10.0.0.5:6443", False), ("https://172.31.0.12:17200", False),
+        ("https://api.gpu-farm.example:6443", False), ("https://[fd00::1]:6443", False),
+    ],
+)  # fmt: skip
+def test_the_installed_agent_cannot_reach_a_loopback_api_server(url: str, loopback: bool) -> None:
+    from peering.cli.peering_cmds import check_reachable_from_pods, is_loopback_url
+
+    assert is_loopback_url(url) is loopback
+    if not loopback:
+        check_reachable_from_pods(url, given=False)
+        return
+    said = r"the server of --remote-kubeconfig is .* a loopback address"
+    with pytest.raises(UserError, match=said) as told:
+        check_reachable_from_pods(url, given=False)
+    assert "give --remote-server URL" in str(told.value) and "nothing was changed" in str(told.value)
+    with pytest.raises(UserError, match=r"^--remote-server is "):
+        check_reachable_from_pods(url, given=True)
+
+
 def test_install_crds_takes_the_kubeconfig_before_or_after_crds() -> None:
     from peering.cli.main import build_parser
 
