@@ -13,6 +13,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 __all__ = [
@@ -22,7 +23,14 @@ __all__ = [
     "ProbeSettings",
     "QueueSettings",
     "WatchSettings",
+    "cache_dir",
 ]
+
+def cache_dir() -> Path:
+    """``$GPUFERRY_CACHE``, else ``~/.cache/gpuferry``: the binaries built here (helm,
+    wireguard-go), the local agents' state, what an install could not put back."""
+    return Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from pyroute2 import AsyncIPRoute, AsyncWireGuard
 from pyroute2.netlink.exceptions import NetlinkError
 
+from kube.settings import cache_dir
 from netfabric.nsexec import CommandError, netns_inode, run
 from netfabric.routes import delete_link, ensure_link, link_exists
 from netfabric.uapi import SOCKET_DIR, UapiError, get_device, set_device, socket_path
@@ -205,17 +206,13 @@ def _kernel_state(messages: Sequence[Any]) -> DeviceState:
 # --- userspace -------------------------------------------------------------------------------
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
-
-
 def find_wireguard_go() -> Path | None:
     """The wireguard-go to run: explicit, then a current cached build, then Debian's on PATH."""
     explicit = os.environ.get("GPUFERRY_WIREGUARD_GO")
     if explicit:
         return Path(explicit)
     builds = sorted(
-        (d for d in _cache_dir().glob("wireguard-go-*") if (d / ".complete").is_file()),
+        (d for d in cache_dir().glob("wireguard-go-*") if (d / ".complete").is_file()),
         key=lambda d: d.name,
         reverse=True,
     )

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kube.kubeconfigs import ConfigError, load_kubeconfig
+from kube.settings import cache_dir
 
 __all__ = ["Agent", "agents_dir", "all_agents", "ensure_agent", "exited", "find_agent", "stop_agent"]
 
@@ -41,7 +42,7 @@ ROLES = {"provider": "peering.provider", "consumer": "peering.consumer", "gatewa
 
 
 def agents_dir() -> Path:
-    base = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    base = cache_dir()
     return base / "agents"
 
 

@@ -54,6 +54,7 @@ from kube.objects import (
     VIRTUALNODES,
     RawObject,
 )
+from kube.settings import cache_dir
 
 from .. import netdiscovery
 from ..admission import admission_objects
@@ -122,7 +123,7 @@ def find_helm(flag: str | None) -> str:
             return candidate
     if on_path := shutil.which("helm"):
         return on_path
-    cache = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    cache = cache_dir()
     built = sorted(glob.glob(str(cache / "helm-*" / "bin" / "helm")), key=_version_key)
     if built:
         return built[-1]  # the newest: helm-v3.21.4 after helm-v3.9.0, which a text sort puts last
@@ -514,7 +515,7 @@ def _given_keys(ours: Mapping[str, Any], files: Sequence[str], sets: Sequence[st
 def keep_manifest(obj: RawObject, now: float | None = None) -> Path:
     """``obj`` written as YAML under ``$GPUFERRY_CACHE/install/`` (a new file each time), for
     ``kubectl create -f``: what an undo could not put back is not lost."""
-    cache = Path(os.environ.get("GPUFERRY_CACHE") or Path.home() / ".cache" / "gpuferry")
+    cache = cache_dir()
     meta = obj["metadata"]
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
     path = cache / "install" / f"{obj['kind'].lower()}-{meta['namespace']}-{meta['name']}-{stamp}.yaml"
