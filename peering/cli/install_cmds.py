@@ -663,33 +663,36 @@ async def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _peers_by_role(client: KubeClient) -> dict[str, list[str]]:
-    """:func:`peers_by_role` of the cluster (a kind whose CRD is missing has none)."""
-    listed: dict[str, list[RawObject]] = {}
+async def _peering_objects(client: KubeClient) -> tuple[list[RawObject], list[RawObject]]:
+    """The cluster's ForeignClusters and Tenants: its peerings, either side (a kind whose CRD is
+    missing has none; a 403 is an error, not "none")."""
+    listed: list[list[RawObject]] = []
     for resource in (FOREIGNCLUSTERS, TENANTS):
         try:
-            listed[resource.kind] = (await client.list(resource))["items"]
+            listed.append((await client.list(resource))["items"])
         except NotFound:
-            listed[resource.kind] = []
-    return peers_by_role(listed[FOREIGNCLUSTERS.kind], listed[TENANTS.kind])
+            listed.append([])
+    return listed[0], listed[1]
 
 
-async def _peerings(client: KubeClient, namespace: str) -> list[str]:
-    found: list[str] = []
-    for resource, ns in ((FOREIGNCLUSTERS, None), (TENANTS, None)):
-        try:
-            items = (await client.list(resource, ns))["items"]
-        except NotFound:
-            continue  # no CRD: no peering of that kind (a 403 is an error, not "none")
-        found += [f"{resource.kind} {i['metadata']['name']}" for i in items]
-    return found
+async def _peers_by_role(client: KubeClient) -> dict[str, list[str]]:
+    """:func:`peers_by_role` of the cluster."""
+    return peers_by_role(*await _peering_objects(client))
+
+
+async def _peerings(client: KubeClient) -> list[str]:
+    """Each peering object of the cluster, as ``Kind name``."""
+    foreign_clusters, tenants = await _peering_objects(client)
+    return [f"ForeignCluster {o['metadata']['name']}" for o in foreign_clusters] + [
+        f"Tenant {o['metadata']['name']}" for o in tenants
+    ]
 
 
 async def cmd_uninstall(args: argparse.Namespace) -> int:
     progress = Progress(args.quiet)
     helm = find_helm(args.helm)
     async with KubeClient.from_config(args.kubeconfig, context=args.context) as client:
-        peerings = await _peerings(client, args.namespace)
+        peerings = await _peerings(client)
         if peerings and not args.force:
             raise UserError(
                 f"this cluster still peers ({', '.join(peerings)}): run gpuferry unpeer first, "

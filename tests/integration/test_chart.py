@@ -732,6 +732,13 @@ async def test_installed_controllers_peer_and_offload_as_pods(
         assert line.endswith("(nothing was changed on the cluster)"), line
         revisions = helm(provider, "history", "gpuferry", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
         assert [(h["revision"], h["status"]) for h in json.loads(revisions)][-1] == (4, "deployed"), revisions
+        # nor can it be uninstalled by mistake: the peering objects named, the release left
+        proc = gpuferry(provider, tmp_path, "uninstall")
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith("error: this cluster still peers (") and "Tenant ml-eu" in line, line
+        assert line.endswith("run gpuferry unpeer first, or uninstall with --force"), line
+        assert helm(provider, "status", "gpuferry", "-n", SYSTEM_NAMESPACE).returncode == 0
         upgraded = await kubelet_pod(consumer, timeout=120)
         for _ in range(240):
             if (
