@@ -429,23 +429,12 @@ async def _adopt_declaration(client: KubeClient, namespace: str, progress: Progr
     return adopted
 
 
-def _release_exists(helm: str, args: argparse.Namespace) -> bool:
-    """Whether helm has our release in the namespace (in any state)."""
-    try:
-        _helm(helm, args.kubeconfig, args.context, "status", RELEASE, "-n", args.namespace,
-              timeout=args.timeout)  # fmt: skip
-    except UserError:
-        return False
-    return True
-
-
 async def _upgrade_from(
-    client: KubeClient, helm: str, args: argparse.Namespace, roles: Sequence[str]
-) -> tuple[ReleaseState, dict[str, Any]]:
-    """An installed release's state and the values to keep of it; UserError, before anything is
+    client: KubeClient, helm: str, args: argparse.Namespace, roles: Sequence[str], state: ReleaseState
+) -> dict[str, Any]:
+    """The values to keep of an installed release in ``state``; UserError, before anything is
     changed, where it is half-way through another operation or would drop a role peers use
     (unless --force)."""
-    state = await asyncio.to_thread(_history, helm, args)
     unchanged = " (nothing was changed on the cluster)"
     if state.pending is not None and not args.force:
         raise UserError(pending_message(state, args.namespace) + unchanged)
@@ -454,12 +443,19 @@ async def _upgrade_from(
     dropped = dropped_in_use(had, roles, await _peers_by_role(client))
     if dropped and not args.force:
         raise UserError(dropped + unchanged)
-    return state, {} if args.reset_values else before
+    return {} if args.reset_values else before
 
 
-def _history(helm: str, args: argparse.Namespace) -> ReleaseState:
-    out = _helm(helm, args.kubeconfig, args.context, "history", RELEASE, "-n", args.namespace,
-                "-o", "json", "--max", "256", timeout=args.timeout)  # fmt: skip
+def _history(helm: str, args: argparse.Namespace) -> ReleaseState | None:
+    """The release's :class:`ReleaseState`; None where helm has no such release. Any other failure
+    (the cluster unreachable, no right to read helm's Secrets) is an error, not a first install."""
+    try:
+        out = _helm(helm, args.kubeconfig, args.context, "history", RELEASE, "-n", args.namespace,
+                    "-o", "json", "--max", "256", timeout=args.timeout)  # fmt: skip
+    except UserError as exc:
+        if "release: not found" in str(exc):
+            return None
+        raise
     history = json.loads(out or "[]")
     return release_state(history if isinstance(history, list) else [])
 
@@ -589,8 +585,9 @@ async def cmd_install(args: argparse.Namespace) -> int:
             pull_policy=args.pull_policy,
             networking=networking,
         )
-        first = not await asyncio.to_thread(_release_exists, helm, args)
-        state, before = (ReleaseState(), {}) if first else await _upgrade_from(client, helm, args, roles)
+        found = await asyncio.to_thread(_history, helm, args)
+        first, state = found is None, found or ReleaseState()
+        before = {} if first else await _upgrade_from(client, helm, args, roles, state)
         if kept := sorted(set(flat_keys(before)) - _given_keys(values, args.values or (), args.set or ())):
             said = f"kept from revision {state.deployed} (--reset-values drops them): {', '.join(kept)}"
             progress.step(said)
