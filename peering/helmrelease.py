@@ -14,6 +14,8 @@ from kube.objects import RawObject
 
 RELEASE = "gpuferry"
 ROLES = ("provider", "consumer")
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RELEASE_NAME = "meta.helm.sh/release-name"
 
 
 QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -69,11 +71,20 @@ def upgrade_failed(said: str, state: ReleaseState, namespace: str) -> str:
     return f"{said}; revision {n} is the release's last good one ({back})"
 
 
+def helm_ownership(release_namespace: str) -> dict[str, Any]:
+    """The metadata that gives an object made elsewhere to our release (helm refuses to take one
+    over without it). Pure."""
+    return {
+        "labels": {MANAGED_BY: "Helm"},
+        "annotations": {RELEASE_NAME: RELEASE, "meta.helm.sh/release-namespace": release_namespace},
+    }
+
+
 def without_helm_ownership(cm: RawObject) -> RawObject:
-    """``cm`` (as :func:`configmap_as_was` makes it) no longer marked as a release's: what
+    """``cm`` (as :func:`configmap_as_was` makes it) without :func:`helm_ownership`'s marks: what
     ``install`` gives a release it takes over again. Pure."""
     meta = dict(cm["metadata"])
-    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != "app.kubernetes.io/managed-by"}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k != MANAGED_BY}
     notes = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("meta.helm.sh/")}
     meta.update(labels=labels, annotations=notes)
     return {**cm, "metadata": {k: v for k, v in meta.items() if v or k in ("name", "namespace")}}

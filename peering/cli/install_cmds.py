@@ -62,11 +62,13 @@ from ..clusterid import CLUSTER_ID_CONFIGMAP, ClusterIDError, choose_cluster_id,
 from ..crds import ensure_crds, load_crds
 from ..helmrelease import (
     RELEASE,
+    RELEASE_NAME,
     ROLES,
     ReleaseState,
     configmap_as_was,
     dropped_in_use,
     flat_keys,
+    helm_ownership,
     peers_by_role,
     pending_message,
     release_state,
@@ -301,16 +303,9 @@ async def _adopt(
         cm = await client.get(CONFIGMAPS, name, namespace)
     except NotFound:
         return None
-    if (cm["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name") == RELEASE:
+    if (cm["metadata"].get("annotations") or {}).get(RELEASE_NAME) == RELEASE:
         return None
-    ownership = {
-        "labels": {"app.kubernetes.io/managed-by": "Helm"},
-        "annotations": {
-            "meta.helm.sh/release-name": RELEASE,
-            "meta.helm.sh/release-namespace": release_namespace,
-        },
-    }
-    patch: dict[str, Any] = {"metadata": ownership}
+    patch: dict[str, Any] = {"metadata": helm_ownership(release_namespace)}
     if drop:
         patch["data"] = dict.fromkeys(drop)
     await client.patch(CONFIGMAPS, name, patch, namespace)

@@ -404,3 +404,15 @@ def test_an_upgrade_that_drops_a_role_its_peers_need_is_refused() -> None:
     assert "lends GPUs to a; the consumer role goes, but this cluster still borrows GPUs from b, c" in both
     assert release.dropped_in_use(["provider"], ["provider", "consumer"], in_use) == ""  # kept
     assert release.dropped_in_use(["consumer"], ["provider"], in_use) == ""  # dropped, with no peer on it
+
+
+def test_taking_a_configmap_back_undoes_what_giving_it_to_the_release_added() -> None:
+    made = release.configmap_as_was(
+        {"metadata": {"name": "n", "namespace": "s", "labels": {"team": "gpu"}}, "data": {"k": "v"}}
+    )
+    owned = release.helm_ownership("gpuferry-system")
+    given = {**made, "metadata": {**made["metadata"],
+                                  "labels": {**made["metadata"]["labels"], **owned["labels"]},
+                                  "annotations": owned["annotations"]}}  # fmt: skip
+    assert given["metadata"]["annotations"][release.RELEASE_NAME] == "gpuferry"
+    assert release.without_helm_ownership(given) == made
